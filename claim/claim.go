@@ -1,0 +1,236 @@
+// Package claim is the Redis side of idemproxy: it claims an idempotency key
+// atomically, and completes or releases that claim under a fencing token.
+//
+// Every operation is one Lua script (package scripts) run with EVALSHA, with
+// go-redis falling back to EVAL when the server answers NOSCRIPT (a restarted
+// or newly promoted Redis has no scripts loaded). Each script touches the keys
+// of one request only, and they share one hash tag, so Redis Cluster routes
+// them to one node.
+package claim
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/scripts"
+)
+
+// Sentinel errors returned by Store and Lease. Any other error is a failure to
+// talk to Redis (or a reply this package does not understand).
+var (
+	// ErrInFlight: the key is claimed by a request that has not finished.
+	ErrInFlight = errors.New("claim: in flight")
+	// ErrMismatch: the key is held for a request with another fingerprint.
+	ErrMismatch = errors.New("claim: fingerprint mismatch")
+	// ErrLost: the claim is no longer ours (its lock expired and it was taken
+	// over, or the record was removed); nothing was written.
+	ErrLost = errors.New("claim: lost")
+)
+
+var (
+	claimScript    = redis.NewScript(scripts.Claim)
+	completeScript = redis.NewScript(scripts.Complete)
+	releaseScript  = redis.NewScript(scripts.Release)
+)
+
+// Observer is told how long each script call took and how it ended
+// (script is "claim", "complete" or "release"; result is the script's status,
+// or "error"). It lets the caller export metrics without this package
+// depending on a metrics library.
+type Observer func(script, result string, d time.Duration)
+
+// Store claims keys in one Redis (standalone, Sentinel or Cluster).
+type Store struct {
+	rdb    redis.Scripter
+	prefix string
+	obs    Observer
+}
+
+// NewStore returns a Store writing keys that start with prefix. obs may be nil.
+func NewStore(rdb redis.Scripter, prefix string, obs Observer) *Store {
+	if obs == nil {
+		obs = func(string, string, time.Duration) {}
+	}
+	return &Store{rdb: rdb, prefix: prefix, obs: obs}
+}
+
+// Key identifies one (scope, idempotency key) pair. Only its hash is ever
+// written to Redis or logs.
+type Key [sha256.Size]byte
+
+// NewKey hashes the scope values and the idempotency key. Each part is length
+// prefixed, so ("ab","c") and ("a","bc") are different scopes.
+func NewKey(scope []string, key string) Key {
+	h := sha256.New()
+	var n [binaryLenSize]byte
+	for _, s := range scope {
+		h.Write(putLen(n[:], len(s)))
+		h.Write([]byte(s))
+	}
+	h.Write([]byte{0xff}) // separates scope from key even with zero scope values
+	h.Write(putLen(n[:], len(key)))
+	h.Write([]byte(key))
+	var k Key
+	h.Sum(k[:0])
+	return k
+}
+
+const binaryLenSize = 8
+
+func putLen(b []byte, n int) []byte {
+	for i := range binaryLenSize {
+		b[i] = byte(uint64(n) >> (8 * i))
+	}
+	return b
+}
+
+// String is a short form of the hash for logs (never the key itself).
+func (k Key) String() string { return hex.EncodeToString(k[:8]) }
+
+// Fingerprint is the SHA-256 of what makes two requests "the same".
+type Fingerprint [sha256.Size]byte
+
+// keys returns the record key and the claim-mark key; both carry the same
+// hash tag so that Redis Cluster keeps them on one slot.
+func (s *Store) keys(k Key) []string {
+	var buf [2 * sha256.Size]byte
+	hex.Encode(buf[:], k[:])
+	rec := s.prefix + "{" + string(buf[:]) + "}"
+	return []string{rec, rec + ":m"}
+}
+
+// Lease is a claim we hold. Exactly one of Complete or Release should be
+// called; if neither is, the claim expires after its lock TTL and the next
+// request takes it over.
+type Lease struct {
+	store *Store
+	keys  []string
+	token string
+	// TakenOver is true when an earlier claim of this key expired without
+	// completing (its proxy died, or its outcome was unknown) and this lease
+	// replaced it; TakeoverAge is the time since that earlier claim began.
+	TakenOver   bool
+	TakeoverAge time.Duration
+}
+
+// Acquire claims key for a request with fingerprint fp, or reports why not.
+// It returns exactly one of:
+//   - a Lease: the key was free (or its earlier claim expired); forward the request;
+//   - a Record: the key was completed for this fingerprint; replay it;
+//   - ErrInFlight or ErrMismatch (test with errors.Is);
+//   - another error: Redis could not be asked.
+//
+// lockTTL bounds the in-flight claim; markTTL is how long an abandoned claim
+// is remembered so that its takeover can be reported (use the record TTL).
+func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, markTTL time.Duration) (*Lease, *Record, error) {
+	token, err := newToken()
+	if err != nil {
+		return nil, nil, err
+	}
+	keys := s.keys(key)
+	start := time.Now()
+	v, err := claimScript.Run(ctx, s.rdb, keys, token, fp[:], ms(lockTTL), ms(max(markTTL, lockTTL))).Result()
+	status, arg, err := decodeReply(v, err)
+	s.obs("claim", resultLabel(status, err), time.Since(start))
+	if err != nil {
+		return nil, nil, fmt.Errorf("claim %s: %w", key, err)
+	}
+	switch status {
+	case "claimed":
+		return &Lease{store: s, keys: keys, token: token}, nil, nil
+	case "takeover":
+		age, perr := strconv.ParseInt(arg, 10, 64)
+		if perr != nil {
+			return nil, nil, fmt.Errorf("claim %s: bad takeover age %q: %w", key, arg, perr)
+		}
+		return &Lease{store: s, keys: keys, token: token, TakenOver: true, TakeoverAge: time.Duration(age) * time.Millisecond}, nil, nil
+	case "replay":
+		rec, derr := DecodeRecord([]byte(arg))
+		if derr != nil {
+			return nil, nil, fmt.Errorf("claim %s: %w", key, derr)
+		}
+		return nil, rec, nil
+	case "inflight":
+		return nil, nil, ErrInFlight
+	case "mismatch":
+		return nil, nil, ErrMismatch
+	}
+	return nil, nil, fmt.Errorf("claim %s: unexpected status %q", key, status)
+}
+
+// Complete records rec as the answer for the claimed key, kept for ttl, if the
+// claim is still ours; otherwise it returns ErrLost and writes nothing.
+func (l *Lease) Complete(ctx context.Context, rec *Record, ttl time.Duration) error {
+	start := time.Now()
+	v, err := completeScript.Run(ctx, l.store.rdb, l.keys, l.token, rec.Encode(), ms(ttl)).Result()
+	return l.finish("complete", v, err, start)
+}
+
+// Release frees the claimed key so that the next request executes again, if
+// the claim is still ours; otherwise it returns ErrLost and deletes nothing.
+func (l *Lease) Release(ctx context.Context) error {
+	start := time.Now()
+	v, err := releaseScript.Run(ctx, l.store.rdb, l.keys, l.token).Result()
+	return l.finish("release", v, err, start)
+}
+
+func (l *Lease) finish(script string, v any, err error, start time.Time) error {
+	status, _, err := decodeReply(v, err)
+	l.store.obs(script, resultLabel(status, err), time.Since(start))
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", script, l.keys[0], err)
+	}
+	switch status {
+	case "ok":
+		return nil
+	case "lost":
+		return ErrLost
+	}
+	return fmt.Errorf("%s %s: unexpected status %q", script, l.keys[0], status)
+}
+
+// decodeReply checks the shape of a script reply: an array of one or two
+// strings, the first a status.
+func decodeReply(v any, err error) (status, arg string, _ error) {
+	if err != nil {
+		return "", "", err
+	}
+	arr, ok := v.([]any)
+	if !ok || len(arr) < 1 || len(arr) > 2 {
+		return "", "", fmt.Errorf("bad script reply %T %v", v, v)
+	}
+	if status, ok = arr[0].(string); !ok {
+		return "", "", fmt.Errorf("bad script reply status %T", arr[0])
+	}
+	if len(arr) == 2 {
+		if arg, ok = arr[1].(string); !ok {
+			return "", "", fmt.Errorf("bad script reply argument %T", arr[1])
+		}
+	}
+	return status, arg, nil
+}
+
+func resultLabel(status string, err error) string {
+	if err != nil {
+		return "error"
+	}
+	return status
+}
+
+func ms(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
+
+func newToken() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("claim token: %w", err)
+	}
+	return string(b[:]), nil
+}

@@ -1,0 +1,172 @@
+package claim
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// Record is a recorded upstream answer.
+type Record struct {
+	Status int
+	// Header holds the end-to-end response headers (hop-by-hop ones already
+	// removed by the caller); the type is http.Header's, without importing it.
+	Header map[string][]string
+	Body   []byte
+	// BodyNotStored marks a response whose body was too large (or streaming)
+	// to be kept: a replay answers with the status and an explanation.
+	BodyNotStored bool
+}
+
+// The encoding is binary so bodies are stored as bytes, not base64:
+//
+//	magic 'I', version 1, flags byte (bit 0: body not stored)
+//	uvarint status
+//	uvarint header count, then per header: name (uvarint len + bytes),
+//	  uvarint value count, values (uvarint len + bytes)
+//	uvarint body length, body bytes
+//
+// and nothing after.
+const (
+	recordMagic   = 'I'
+	recordVersion = 1
+	flagNoBody    = 1 << 0
+)
+
+var errBadRecord = errors.New("claim: malformed record")
+
+// Encode returns the binary form of r. Header names are written in sorted
+// order so equal records encode equally.
+func (r *Record) Encode() []byte {
+	size := 3 + binary.MaxVarintLen64*3 + len(r.Body)
+	names := make([]string, 0, len(r.Header))
+	for name, vals := range r.Header {
+		names = append(names, name)
+		size += len(name) + 2*binary.MaxVarintLen64
+		for _, v := range vals {
+			size += len(v) + binary.MaxVarintLen64
+		}
+	}
+	slices.Sort(names)
+	b := make([]byte, 0, size)
+	var flags byte
+	if r.BodyNotStored {
+		flags |= flagNoBody
+	}
+	b = append(b, recordMagic, recordVersion, flags)
+	b = binary.AppendUvarint(b, uint64(r.Status))
+	b = binary.AppendUvarint(b, uint64(len(names)))
+	for _, name := range names {
+		b = appendBytes(b, name)
+		vals := r.Header[name]
+		b = binary.AppendUvarint(b, uint64(len(vals)))
+		for _, v := range vals {
+			b = appendBytes(b, v)
+		}
+	}
+	b = binary.AppendUvarint(b, uint64(len(r.Body)))
+	return append(b, r.Body...)
+}
+
+func appendBytes(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// DecodeRecord parses the output of Encode. It never panics and rejects any
+// input that Encode could not have produced (wrong magic or version, unknown
+// flags, a status outside 100-999, lengths past the end, trailing bytes).
+func DecodeRecord(b []byte) (*Record, error) {
+	d := decoder{b: b}
+	if len(b) < 3 || b[0] != recordMagic || b[1] != recordVersion || b[2]&^flagNoBody != 0 {
+		return nil, fmt.Errorf("%w: bad header", errBadRecord)
+	}
+	r := &Record{BodyNotStored: b[2]&flagNoBody != 0}
+	d.b = b[3:]
+	status := d.uvarint()
+	if status < 100 || status > 999 {
+		return nil, fmt.Errorf("%w: status %d", errBadRecord, status)
+	}
+	r.Status = int(status)
+	n := d.count()
+	if n > 0 {
+		r.Header = make(map[string][]string, n)
+	}
+	for range n {
+		name := d.str()
+		if d.err != nil {
+			break
+		}
+		if name == "" {
+			return nil, fmt.Errorf("%w: empty header name", errBadRecord)
+		}
+		if _, dup := r.Header[name]; dup {
+			return nil, fmt.Errorf("%w: header %q twice", errBadRecord, name)
+		}
+		nv := d.count()
+		vals := make([]string, 0, nv)
+		for range nv {
+			vals = append(vals, d.str())
+		}
+		r.Header[name] = vals
+	}
+	body := d.bytes()
+	if d.err != nil {
+		return nil, d.err
+	}
+	if len(d.b) != 0 {
+		return nil, fmt.Errorf("%w: %d trailing bytes", errBadRecord, len(d.b))
+	}
+	if len(body) > 0 {
+		r.Body = body
+	}
+	return r, nil
+}
+
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.err = fmt.Errorf("%w: bad varint", errBadRecord)
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+// count reads an element count; each element takes at least one byte, so a
+// count above the remaining length is malformed (and must not size an
+// allocation).
+func (d *decoder) count() int {
+	n := d.uvarint()
+	if d.err == nil && n > uint64(len(d.b)) {
+		d.err = fmt.Errorf("%w: count %d past end", errBadRecord, n)
+	}
+	if d.err != nil {
+		return 0
+	}
+	return int(n)
+}
+
+func (d *decoder) bytes() []byte {
+	n := d.uvarint()
+	if d.err == nil && n > uint64(len(d.b)) {
+		d.err = fmt.Errorf("%w: length %d past end", errBadRecord, n)
+	}
+	if d.err != nil {
+		return nil
+	}
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) str() string { return string(d.bytes()) }

@@ -1,0 +1,292 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v10"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// Config is the whole configuration: one field per environment variable of
+// the contract (README "Configuration").
+type Config struct {
+	UpstreamURL            string        `env:"UPSTREAM_URL,required,notEmpty"`
+	ListenAddr             string        `env:"LISTEN_ADDR" envDefault:":8080"`
+	AdminAddr              string        `env:"ADMIN_ADDR" envDefault:":9090"`
+	RedisURL               string        `env:"REDIS_URL"`
+	RedisMode              string        `env:"REDIS_MODE" envDefault:"standalone"`
+	RedisAddrs             []string      `env:"REDIS_ADDRS" envSeparator:","`
+	RedisMasterName        string        `env:"REDIS_MASTER_NAME" envDefault:"mymaster"`
+	RedisUsername          string        `env:"REDIS_USERNAME"`
+	RedisPassword          string        `env:"REDIS_PASSWORD"`
+	RedisTLS               bool          `env:"REDIS_TLS" envDefault:"false"`
+	KeyPrefix              string        `env:"KEY_PREFIX" envDefault:"idem:"`
+	IdempotencyHeader      string        `env:"IDEMPOTENCY_HEADER" envDefault:"Idempotency-Key"`
+	Methods                []string      `env:"METHODS" envDefault:"POST" envSeparator:","`
+	TTL                    time.Duration `env:"TTL" envDefault:"24h"`
+	LockTTL                time.Duration `env:"LOCK_TTL" envDefault:"60s"`
+	UpstreamTimeout        time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"30s"`
+	RequireKey             bool          `env:"REQUIRE_KEY" envDefault:"false"`
+	MaxKeyLength           int           `env:"MAX_KEY_LENGTH" envDefault:"255"`
+	MaxBodyBytes           int64         `env:"MAX_BODY_BYTES" envDefault:"1048576"`
+	MaxStoredResponseBytes int64         `env:"MAX_STORED_RESPONSE_BYTES" envDefault:"1048576"`
+	ScopeHeaders           []string      `env:"SCOPE_HEADERS" envDefault:"Authorization" envSeparator:","`
+	FailMode               string        `env:"FAIL_MODE" envDefault:"closed"`
+	WaitTimeout            time.Duration `env:"WAIT_TIMEOUT" envDefault:"0s"`
+	On5xx                  string        `env:"ON_5XX" envDefault:"release"`
+	Routes                 string        `env:"ROUTES"`
+	LogLevel               string        `env:"LOG_LEVEL" envDefault:"info"`
+	LogFormat              string        `env:"LOG_FORMAT" envDefault:"json"`
+	ShutdownTimeout        time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
+
+	// Derived by loadConfig.
+	upstream *url.URL
+	routes   []proxy.Route
+	level    zerolog.Level
+}
+
+// loadConfig parses and validates the environment (KEY=value entries, as
+// os.Environ returns). The error lists every problem found, each naming the
+// variable and the value.
+func loadConfig(environ []string) (*Config, error) {
+	envMap := make(map[string]string, len(environ))
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			envMap[k] = v
+		}
+	}
+	var cfg Config
+	var problems []string
+	if err := env.ParseWithOptions(&cfg, env.Options{Environment: envMap}); err != nil {
+		problems = append(problems, envProblems(err, envMap)...)
+	}
+	// caarlos0/env replaces an empty value by the default. For these, set
+	// but empty means "none": no admin listener, no prefix, no scope headers.
+	if v, ok := envMap["ADMIN_ADDR"]; ok && strings.TrimSpace(v) == "" {
+		cfg.AdminAddr = ""
+	}
+	if v, ok := envMap["KEY_PREFIX"]; ok && v == "" {
+		cfg.KeyPrefix = ""
+	}
+	if v, ok := envMap["SCOPE_HEADERS"]; ok && strings.TrimSpace(v) == "" {
+		cfg.ScopeHeaders = nil
+	}
+	problems = append(problems, cfg.validate()...)
+	if len(problems) > 0 {
+		return nil, errors.New("invalid configuration:\n  " + strings.Join(problems, "\n  "))
+	}
+	return &cfg, nil
+}
+
+// envProblems turns caarlos0/env's errors, which name Go fields, into
+// messages that name the variable and quote its value.
+func envProblems(err error, envMap map[string]string) []string {
+	var agg env.AggregateError
+	errs := []error{err}
+	if errors.As(err, &agg) {
+		errs = agg.Errors
+	}
+	var out []string
+	for _, e := range errs {
+		var pe env.ParseError
+		var unset env.EnvVarIsNotSetError
+		var empty env.EmptyEnvVarError
+		switch {
+		case errors.As(e, &pe):
+			name := envName(pe.Name)
+			out = append(out, fmt.Sprintf("%s=%q: %s", name, envMap[name], typeHint(pe.Type)))
+		case errors.As(e, &unset):
+			out = append(out, fmt.Sprintf("%s is required but not set", unset.Key))
+		case errors.As(e, &empty):
+			out = append(out, fmt.Sprintf("%s is required but empty", empty.Key))
+		default:
+			out = append(out, e.Error())
+		}
+	}
+	return out
+}
+
+// envName maps a Config field name to its variable name.
+func envName(field string) string {
+	f, ok := reflect.TypeFor[Config]().FieldByName(field)
+	if !ok {
+		return field
+	}
+	name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+	return name
+}
+
+func typeHint(t reflect.Type) string {
+	switch t {
+	case reflect.TypeFor[time.Duration]():
+		return "not a duration; use Go syntax such as 90s, 2m or 48h"
+	case reflect.TypeFor[bool]():
+		return "not a boolean; use true or false"
+	case reflect.TypeFor[int](), reflect.TypeFor[int64]():
+		return "not a whole number"
+	}
+	return "cannot be parsed as " + t.String()
+}
+
+// validate checks values and their relations; each problem names the
+// variable and its value.
+func (c *Config) validate() []string {
+	var p []string
+	bad := func(format string, args ...any) { p = append(p, fmt.Sprintf(format, args...)) }
+
+	if c.UpstreamURL != "" {
+		u, err := url.Parse(c.UpstreamURL)
+		switch {
+		case err != nil:
+			bad("UPSTREAM_URL=%q: %v", c.UpstreamURL, err)
+		case u.Scheme != "http" && u.Scheme != "https":
+			bad("UPSTREAM_URL=%q: scheme must be http or https", c.UpstreamURL)
+		case u.Host == "":
+			bad("UPSTREAM_URL=%q: no host", c.UpstreamURL)
+		default:
+			c.upstream = u
+		}
+	}
+
+	switch c.RedisMode {
+	case "standalone":
+		if c.RedisURL != "" {
+			if _, err := redis.ParseURL(c.RedisURL); err != nil {
+				bad("REDIS_URL=%q: %v", redactURL(c.RedisURL), err)
+			}
+		}
+		if len(c.RedisAddrs) > 0 {
+			bad("REDIS_ADDRS=%q: only used with REDIS_MODE=sentinel or cluster; in standalone mode set REDIS_URL", strings.Join(c.RedisAddrs, ","))
+		}
+		if c.RedisUsername != "" || c.RedisPassword != "" || c.RedisTLS {
+			bad("REDIS_USERNAME, REDIS_PASSWORD and REDIS_TLS are for sentinel/cluster; in standalone mode put them in REDIS_URL (rediss://user:password@host:6379/0)")
+		}
+	case "sentinel", "cluster":
+		if c.RedisURL != "" {
+			bad("REDIS_URL=%q: only used with REDIS_MODE=standalone; with REDIS_MODE=%s set REDIS_ADDRS", redactURL(c.RedisURL), c.RedisMode)
+		}
+		if len(c.RedisAddrs) == 0 {
+			bad("REDIS_ADDRS is required with REDIS_MODE=%s (comma-separated host:port seeds)", c.RedisMode)
+		}
+		for _, a := range c.RedisAddrs {
+			if h, port, ok := strings.Cut(strings.TrimSpace(a), ":"); !ok || h == "" || port == "" {
+				bad("REDIS_ADDRS=%q: %q is not host:port", strings.Join(c.RedisAddrs, ","), a)
+			}
+		}
+		if c.RedisMode == "sentinel" && c.RedisMasterName == "" {
+			bad("REDIS_MASTER_NAME is required with REDIS_MODE=sentinel")
+		}
+	default:
+		bad("REDIS_MODE=%q: want standalone, sentinel or cluster", c.RedisMode)
+	}
+
+	if c.IdempotencyHeader == "" || strings.ContainsAny(c.IdempotencyHeader, " \t:,") {
+		bad("IDEMPOTENCY_HEADER=%q: not a header name", c.IdempotencyHeader)
+	}
+	methods := make([]string, 0, len(c.Methods))
+	for _, m := range c.Methods {
+		m = strings.ToUpper(strings.TrimSpace(m))
+		if m == "" || strings.ContainsAny(m, " \t;:/") {
+			bad("METHODS=%q: %q is not an HTTP method", strings.Join(c.Methods, ","), m)
+			continue
+		}
+		if !slices.Contains(methods, m) {
+			methods = append(methods, m)
+		}
+	}
+	c.Methods = methods
+	for i, h := range c.ScopeHeaders {
+		c.ScopeHeaders[i] = strings.TrimSpace(h)
+		if c.ScopeHeaders[i] == "" {
+			bad("SCOPE_HEADERS=%q: empty header name", strings.Join(c.ScopeHeaders, ","))
+		}
+	}
+
+	positive := func(name string, d time.Duration) {
+		if d <= 0 {
+			bad("%s=%q: must be above zero", name, d.String())
+		}
+	}
+	positive("TTL", c.TTL)
+	positive("LOCK_TTL", c.LockTTL)
+	positive("UPSTREAM_TIMEOUT", c.UpstreamTimeout)
+	positive("SHUTDOWN_TIMEOUT", c.ShutdownTimeout)
+	if c.WaitTimeout < 0 {
+		bad("WAIT_TIMEOUT=%q: must not be negative", c.WaitTimeout.String())
+	}
+	if c.UpstreamTimeout > 0 && c.LockTTL > 0 && c.UpstreamTimeout >= c.LockTTL {
+		bad("UPSTREAM_TIMEOUT=%q must be below LOCK_TTL=%q: otherwise a request still running could lose its claim and execute twice",
+			c.UpstreamTimeout.String(), c.LockTTL.String())
+	}
+	if c.MaxKeyLength <= 0 {
+		bad("MAX_KEY_LENGTH=%q: must be above zero", fmt.Sprint(c.MaxKeyLength))
+	}
+	if c.MaxBodyBytes <= 0 {
+		bad("MAX_BODY_BYTES=%q: must be above zero", fmt.Sprint(c.MaxBodyBytes))
+	}
+	if c.MaxStoredResponseBytes < 0 {
+		bad("MAX_STORED_RESPONSE_BYTES=%q: must not be negative", fmt.Sprint(c.MaxStoredResponseBytes))
+	}
+	if c.FailMode != "closed" && c.FailMode != "open" {
+		bad("FAIL_MODE=%q: want closed or open", c.FailMode)
+	}
+	if c.On5xx != "release" && c.On5xx != "store" {
+		bad("ON_5XX=%q: want release or store", c.On5xx)
+	}
+	if c.LogFormat != "json" && c.LogFormat != "console" {
+		bad("LOG_FORMAT=%q: want json or console", c.LogFormat)
+	}
+	lvl, err := zerolog.ParseLevel(strings.ToLower(c.LogLevel))
+	if err != nil || c.LogLevel == "" {
+		bad("LOG_LEVEL=%q: want trace, debug, info, warn, error, fatal, panic or disabled", c.LogLevel)
+	}
+	c.level = lvl
+
+	routes, err := proxy.ParseRoutes(c.Routes)
+	if err != nil {
+		bad("%v", err)
+	}
+	for _, rt := range routes {
+		if rt.LockTTL != nil && c.UpstreamTimeout >= *rt.LockTTL {
+			bad("ROUTES rule %q: lock=%s must be above UPSTREAM_TIMEOUT=%q", rt.Rule, rt.LockTTL.String(), c.UpstreamTimeout.String())
+		}
+	}
+	c.routes = routes
+	return p
+}
+
+// redactURL hides a password in a Redis URL before it reaches a message.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		if strings.Contains(s, "@") {
+			return "(unparseable URL with credentials, not shown)"
+		}
+		return s
+	}
+	if u.User == nil {
+		return s
+	}
+	return u.Redacted()
+}
+
+// policy is the global idempotency policy, before ROUTES overrides.
+func (c *Config) policy() proxy.Policy {
+	return proxy.Policy{
+		Required: c.RequireKey,
+		TTL:      c.TTL,
+		LockTTL:  c.LockTTL,
+		Wait:     c.WaitTimeout,
+		FailOpen: c.FailMode == "open",
+		Store5xx: c.On5xx == "store",
+	}
+}

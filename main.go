@@ -1,0 +1,194 @@
+// Command idemproxy is a reverse proxy that makes retries of non-idempotent
+// HTTP APIs safe: a request carrying an Idempotency-Key is executed once, and
+// every retry gets the first answer back. See README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/rs/zerolog"
+	"github.com/rs/zerolog/hlog"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// version is stamped at build time: -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop() // a second signal kills at once
+	}()
+	if err := run(ctx, os.Args, os.Environ(), os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "idemproxy:", err)
+		os.Exit(1)
+	}
+}
+
+// run starts the proxy and blocks until ctx ends, then shuts down
+// gracefully. Its error is for the operator: it names what is wrong.
+func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if *showVersion {
+		fmt.Fprintf(stdout, "idemproxy %s (%s)\n", version, runtime.Version())
+		return nil
+	}
+	cfg, err := loadConfig(environ)
+	if err != nil {
+		return err
+	}
+	a, err := start(cfg, newLogger(cfg, stdout))
+	if err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-a.failed:
+		a.shutdown(time.Second)
+		return err
+	}
+	return a.shutdown(cfg.ShutdownTimeout)
+}
+
+func newLogger(cfg *Config, out io.Writer) zerolog.Logger {
+	if cfg.LogFormat == "console" {
+		out = zerolog.ConsoleWriter{Out: out, TimeFormat: time.RFC3339}
+	}
+	return zerolog.New(out).Level(cfg.level).With().Timestamp().Logger()
+}
+
+// app is a started proxy.
+type app struct {
+	logger    zerolog.Logger
+	store     *store
+	proxySrv  *http.Server
+	adminSrv  *http.Server
+	proxyAddr net.Addr
+	adminAddr net.Addr
+	failed    chan error
+}
+
+// start opens Redis, binds the listeners and serves. Listeners are bound
+// before it returns, so a bad address is an error here, not in a goroutine.
+func start(cfg *Config, logger zerolog.Logger) (*app, error) {
+	st, err := openRedis(cfg, logger)
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "idemproxy_build_info", Help: "Build information; always 1.",
+	}, []string{"version", "goversion"})
+	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
+	unsafe := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "idemproxy_store_unsafe",
+		Help: "1 when the store weakens the guarantee: embedded Redis, or maxmemory-policy other than noeviction.",
+	})
+	reg.MustRegister(buildInfo, unsafe)
+	metrics := proxy.NewMetrics(reg)
+
+	h, err := proxy.New(claim.NewStore(st.client, cfg.KeyPrefix, metrics.ObserveScript), proxy.Options{
+		Upstream:        cfg.upstream,
+		KeyHeader:       cfg.IdempotencyHeader,
+		Methods:         cfg.Methods,
+		Default:         cfg.policy(),
+		Routes:          cfg.routes,
+		MaxKeyLength:    cfg.MaxKeyLength,
+		MaxBodyBytes:    cfg.MaxBodyBytes,
+		MaxStoredBytes:  cfg.MaxStoredResponseBytes,
+		ScopeHeaders:    cfg.ScopeHeaders,
+		UpstreamTimeout: cfg.UpstreamTimeout,
+		Logger:          logger,
+		Metrics:         metrics,
+	})
+	if err != nil {
+		st.close()
+		return nil, err
+	}
+	a := &app{logger: logger, store: st, failed: make(chan error, 2)}
+	handler := hlog.NewHandler(logger)(hlog.RequestIDHandler("request_id", "X-Request-Id")(h))
+	a.proxySrv = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		ErrorLog: newStdLog(logger)}
+	pl, err := net.Listen("tcp", cfg.ListenAddr)
+	if err != nil {
+		st.close()
+		return nil, fmt.Errorf("LISTEN_ADDR=%q: %w", cfg.ListenAddr, err)
+	}
+	a.proxyAddr = pl.Addr()
+	rd := &readiness{store: st, logger: logger, unsafe: unsafe}
+	if cfg.AdminAddr != "" {
+		al, err := net.Listen("tcp", cfg.AdminAddr)
+		if err != nil {
+			pl.Close()
+			st.close()
+			return nil, fmt.Errorf("ADMIN_ADDR=%q: %w", cfg.AdminAddr, err)
+		}
+		a.adminAddr = al.Addr()
+		a.adminSrv = &http.Server{Handler: adminHandler(reg, rd), ReadHeaderTimeout: 10 * time.Second, ErrorLog: newStdLog(logger)}
+		go a.serve(a.adminSrv, al)
+	}
+	go a.serve(a.proxySrv, pl)
+
+	// Check Redis settings now, so the warnings reach the log at start even
+	// when nothing polls /readyz; an unreachable Redis is retried by /readyz.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if _, err := rd.check(ctx); err != nil {
+		logger.Error().Err(err).Msg("Redis unreachable at start; requests with a key get 503 (FAIL_MODE=closed) until it answers")
+	}
+	ev := logger.Info().Str("listen", a.proxyAddr.String()).Str("upstream", cfg.upstream.Redacted()).
+		Str("redis_mode", cfg.RedisMode).Str("version", version)
+	if a.adminAddr != nil {
+		ev = ev.Str("admin", a.adminAddr.String())
+	}
+	ev.Msg("idemproxy started")
+	return a, nil
+}
+
+func (a *app) serve(srv *http.Server, l net.Listener) {
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		a.failed <- fmt.Errorf("serve %s: %w", l.Addr(), err)
+	}
+}
+
+// shutdown stops accepting, lets in-flight requests finish and record their
+// answers (http.Server.Shutdown waits for running handlers, and a handler
+// returns only after recording), then closes Redis. It fails if the timeout
+// ran out first.
+func (a *app) shutdown(timeout time.Duration) error {
+	a.logger.Info().Dur("timeout", timeout).Msg("shutting down: finishing in-flight requests")
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	err := a.proxySrv.Shutdown(ctx)
+	if a.adminSrv != nil {
+		_ = a.adminSrv.Shutdown(ctx)
+	}
+	a.store.close()
+	if err != nil {
+		return fmt.Errorf("SHUTDOWN_TIMEOUT=%s ran out before in-flight requests finished: %w", timeout, err)
+	}
+	a.logger.Info().Msg("shut down cleanly")
+	return nil
+}

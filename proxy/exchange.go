@@ -1,0 +1,257 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"net/http/httptrace"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog/hlog"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// completionTimeout bounds the recording of one answer, retries included. It
+// runs on a context the client cannot cancel.
+const completionTimeout = 10 * time.Second
+
+type exchangeKey struct{}
+
+// exchange is the ResponseWriter ReverseProxy writes a claimed request's
+// answer to. It tees the body to the client and to a bounded buffer. A failed
+// client write is remembered and later writes to the client are dropped, but
+// the copy goes on: ReverseProxy aborts the copy on a write error, and the
+// answer must be recorded so that the client's retry gets a replay.
+type exchange struct {
+	w         http.ResponseWriter
+	echoName  string
+	echoValue []string
+	max       int64
+	buf       *bytes.Buffer
+	noBody    bool        // body too large or streaming: recorded without it
+	status    int         // upstream status (from ModifyResponse)
+	header    http.Header // upstream headers, hop-by-hop removed by ReverseProxy
+	headersAt time.Time
+	wrote     bool
+	clientErr error
+	upErr     error
+	gotConn   atomic.Bool // a connection was obtained: the request may have left
+}
+
+var capturePool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+func (ex *exchange) Header() http.Header { return ex.w.Header() }
+
+func (ex *exchange) WriteHeader(code int) {
+	if ex.wrote {
+		return
+	}
+	if code < 200 { // informational (103 Early Hints): pass on, not recorded
+		if ex.clientErr == nil {
+			ex.w.WriteHeader(code)
+		}
+		return
+	}
+	ex.wrote = true
+	if ex.status == 0 {
+		ex.status = code
+	}
+	// Set, not add: an upstream that echoes the key itself must not double it.
+	ex.w.Header()[ex.echoName] = ex.echoValue
+	ex.w.WriteHeader(code)
+}
+
+func (ex *exchange) Write(p []byte) (int, error) {
+	if !ex.wrote {
+		ex.WriteHeader(http.StatusOK)
+	}
+	if !ex.noBody {
+		if int64(ex.buf.Len()+len(p)) > ex.max {
+			ex.noBody = true
+			ex.buf.Reset()
+		} else {
+			ex.buf.Write(p)
+		}
+	}
+	if ex.clientErr == nil {
+		if _, err := ex.w.Write(p); err != nil {
+			ex.clientErr = err
+		}
+	}
+	return len(p), nil
+}
+
+// FlushError is what http.ResponseController (used by ReverseProxy) calls.
+// It never fails, for the same reason Write never does.
+func (ex *exchange) FlushError() error {
+	if ex.clientErr == nil {
+		if err := http.NewResponseController(ex.w).Flush(); err != nil {
+			ex.clientErr = err
+		}
+	}
+	return nil
+}
+
+func (ex *exchange) upstreamResponse(res *http.Response) {
+	ex.status = res.StatusCode
+	ex.header = res.Header
+	ex.headersAt = time.Now()
+	if res.ContentLength > ex.max || isEventStream(res.Header.Get("Content-Type")) {
+		ex.noBody = true
+	}
+}
+
+func isEventStream(ct string) bool {
+	if ct == "" {
+		return false
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "text/event-stream"
+}
+
+// execute forwards a claimed request once, returns its answer to the client
+// and records it (or releases or keeps the claim, by outcome).
+func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, lease *claim.Lease, pol Policy, res *result) {
+	buf := capturePool.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer capturePool.Put(buf)
+	ex := &exchange{
+		w:         w,
+		echoName:  h.opts.KeyHeader,
+		echoValue: w.Header().Values(h.opts.KeyHeader),
+		max:       h.opts.MaxStoredBytes,
+		buf:       buf,
+	}
+
+	// The client leaving must not cancel the upstream call: it runs to its
+	// end, bounded by UPSTREAM_TIMEOUT, and is recorded for the retry.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.opts.UpstreamTimeout)
+	defer cancel()
+	ctx = context.WithValue(ctx, exchangeKey{}, ex)
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { ex.gotConn.Store(true) },
+	})
+	out := r.WithContext(ctx)
+	out.Body = bodyReader(body)
+	out.ContentLength = int64(len(body))
+	out.TransferEncoding = nil
+	// Lets the transport resend on a pooled connection that the upstream had
+	// already closed (nothing was written to it).
+	out.GetBody = func() (io.ReadCloser, error) { return bodyReader(body), nil }
+
+	start := time.Now()
+	aborted := h.forward(ex, out)
+	lg := hlog.FromRequest(r)
+	switch {
+	case !ex.headersAt.IsZero():
+		res.upstreamMS = float64(ex.headersAt.Sub(start).Microseconds()) / 1000
+		h.metrics.observeUpstream(res.route, ex.status, ex.headersAt.Sub(start))
+	default:
+		h.metrics.observeUpstream(res.route, 0, time.Since(start))
+	}
+
+	switch {
+	case aborted:
+		// The upstream broke off its answer after sending headers: it ran, with
+		// an outcome we cannot record. Keep the claim until its lock TTL, so
+		// retries get 409 rather than a second execution, and cut the client off.
+		res.outcome, res.status = outcomeUpstreamError, ex.status
+		lg.Warn().Str("key_hash", res.keyHash).Msg("upstream answer broke off mid-body; claim kept until its lock TTL")
+		panic(http.ErrAbortHandler)
+	case ex.upErr != nil:
+		status, typ, title := classifyUpstreamError(ex.upErr)
+		res.status = status
+		detail := "The upstream did not answer: " + ex.upErr.Error() + "."
+		if !ex.gotConn.Load() || isDialError(ex.upErr) {
+			// The request never left: release, so a retry executes.
+			res.outcome = outcomeReleased
+			h.release(r, lease, res)
+			detail += " The request was not sent; retry with the same key."
+		} else {
+			res.outcome = outcomeUpstreamError
+			detail += " The request may have been executed; retries with this key get 409 until the claim expires."
+		}
+		lg.Warn().Err(ex.upErr).Str("key_hash", res.keyHash).Int("status", status).Msg("upstream request failed")
+		writeProblem(w, status, typ, title, detail)
+	case ex.status >= 500 && !pol.Store5xx:
+		res.outcome, res.status = outcomeReleased, ex.status
+		h.release(r, lease, res)
+	default:
+		res.status = ex.status
+		rec := &claim.Record{Status: ex.status, Header: recordableHeader(ex.header), BodyNotStored: ex.noBody}
+		if !ex.noBody {
+			rec.Body = ex.buf.Bytes()
+		}
+		h.complete(r, lease, rec, pol.TTL, res)
+	}
+}
+
+// forward runs ReverseProxy and reports whether it aborted (it panics with
+// http.ErrAbortHandler when the upstream body fails mid-copy). Other panics
+// are not ours to handle.
+func (h *Handler) forward(ex *exchange, out *http.Request) (aborted bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			if p != http.ErrAbortHandler { //nolint:errorlint // ReverseProxy panics with this exact value
+				panic(p)
+			}
+			aborted = true
+		}
+	}()
+	h.rp.ServeHTTP(ex, out)
+	return false
+}
+
+// complete records the answer, retrying a few times: the answer has been
+// given, so losing the record would let a retry execute again.
+func (h *Handler) complete(r *http.Request, lease *claim.Lease, rec *claim.Record, ttl time.Duration, res *result) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), completionTimeout)
+	defer cancel()
+	var err error
+	backoff := 50 * time.Millisecond
+	for attempt := range 4 {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
+			}
+			backoff *= 3
+		}
+		if err = lease.Complete(ctx, rec, ttl); err == nil || errors.Is(err, claim.ErrLost) || ctx.Err() != nil {
+			break
+		}
+	}
+	lg := hlog.FromRequest(r)
+	switch {
+	case err == nil:
+	case errors.Is(err, claim.ErrLost):
+		// Our lock expired and another request took the key over: the fence
+		// kept us from overwriting its record.
+		lg.Warn().Str("key_hash", res.keyHash).Msg("claim expired and was taken over before completion; answer not recorded")
+	default:
+		res.outcome = outcomeStoreError
+		h.metrics.recordFailures.Inc()
+		lg.Error().Err(err).Str("key_hash", res.keyHash).
+			Msg("answer returned but not recorded; the key stays in flight until its lock TTL")
+	}
+}
+
+// release frees the claim so that a retry executes again.
+func (h *Handler) release(r *http.Request, lease *claim.Lease, res *result) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), completionTimeout)
+	defer cancel()
+	err := lease.Release(ctx)
+	if err != nil && !errors.Is(err, claim.ErrLost) {
+		err = lease.Release(ctx) // one retry; after that the lock TTL frees it
+	}
+	if err != nil && !errors.Is(err, claim.ErrLost) {
+		hlog.FromRequest(r).Error().Err(err).Str("key_hash", res.keyHash).
+			Msg("could not release claim; the key stays in flight until its lock TTL")
+	}
+}

@@ -1,0 +1,407 @@
+// Package proxy is the HTTP side of idemproxy: it matches ROUTES policies,
+// checks keys and bodies, fingerprints requests, forwards them once through
+// httputil.ReverseProxy, records their answers and replays them.
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/rs/zerolog/hlog"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// Store claims keys; *claim.Store implements it.
+type Store interface {
+	Acquire(ctx context.Context, key claim.Key, fp claim.Fingerprint, lockTTL, markTTL time.Duration) (*claim.Lease, *claim.Record, error)
+}
+
+// Options configure a Handler. Zero values are not defaults: main fills every
+// field from the configuration.
+type Options struct {
+	Upstream        *url.URL
+	KeyHeader       string   // IDEMPOTENCY_HEADER
+	Methods         []string // METHODS
+	Default         Policy   // the global settings (Covered is derived from Methods)
+	Routes          []Route  // ROUTES
+	MaxKeyLength    int
+	MaxBodyBytes    int64
+	MaxStoredBytes  int64
+	ScopeHeaders    []string
+	UpstreamTimeout time.Duration
+	Transport       http.RoundTripper // nil: NewTransport()
+	Logger          zerolog.Logger    // for errors outside a request
+	Metrics         *Metrics          // nil: metrics are registered nowhere
+}
+
+// Handler is the idempotency proxy.
+type Handler struct {
+	store    Store
+	opts     Options
+	router   *router
+	methods  map[string]bool
+	rp       *httputil.ReverseProxy
+	metrics  *Metrics
+	titleUse string // IETF draft titles, with the configured header name
+	titleOut string
+	titleMis string
+}
+
+// New returns a Handler that claims keys in store and forwards to
+// opts.Upstream.
+func New(store Store, opts Options) (*Handler, error) {
+	if opts.Upstream == nil || opts.Upstream.Host == "" {
+		return nil, errors.New("proxy: upstream URL with a host is required")
+	}
+	rtr, err := newRouter(opts.Routes)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Transport == nil {
+		opts.Transport = NewTransport()
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = NewMetrics(prometheus.NewRegistry())
+	}
+	h := &Handler{
+		store:    store,
+		opts:     opts,
+		router:   rtr,
+		methods:  map[string]bool{},
+		metrics:  opts.Metrics,
+		titleUse: opts.KeyHeader + " is already used",
+		titleOut: "A request is outstanding for this " + opts.KeyHeader,
+		titleMis: opts.KeyHeader + " is missing",
+	}
+	for _, m := range opts.Methods {
+		h.methods[m] = true
+	}
+	h.rp = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(opts.Upstream)
+			pr.SetXForwarded()
+		},
+		Transport:      opts.Transport,
+		BufferPool:     NewBufferPool(),
+		ModifyResponse: h.modifyResponse,
+		ErrorHandler:   h.errorHandler,
+		ErrorLog:       log.New(opts.Logger, "", 0),
+	}
+	return h, nil
+}
+
+// result is what the access log and the metrics learn about one request.
+type result struct {
+	route      string
+	outcome    string
+	status     int
+	keyHash    string
+	upstreamMS float64
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	h.metrics.inflight.Inc()
+	res := result{route: "default", upstreamMS: -1}
+	defer func() {
+		h.metrics.inflight.Dec()
+		h.metrics.requests.WithLabelValues(res.route, res.outcome).Inc()
+		h.metrics.responses.WithLabelValues(res.route, strconv.Itoa(res.status)).Inc()
+		ev := hlog.FromRequest(r).Info().
+			Str("method", r.Method).
+			Str("route", res.route).
+			Int("status", res.status).
+			Str("outcome", res.outcome)
+		if res.keyHash != "" {
+			ev = ev.Str("key_hash", res.keyHash)
+		}
+		if res.upstreamMS >= 0 {
+			ev = ev.Float64("upstream_ms", res.upstreamMS)
+		}
+		ev.Float64("total_ms", float64(time.Since(start).Microseconds())/1000).Msg("request")
+	}()
+
+	pol := h.opts.Default
+	pol.Covered = h.methods[r.Method]
+	if rt := h.router.match(r); rt != nil {
+		res.route = rt.Pattern
+		pol = rt.apply(h.opts.Default)
+	}
+	if !pol.Covered || pol.Off {
+		res.outcome = outcomePassthrough
+		h.passthrough(w, r, &res)
+		return
+	}
+
+	key, err := parseKey(r.Header.Values(h.opts.KeyHeader), h.opts.MaxKeyLength)
+	switch {
+	case errors.Is(err, errNoKey) && pol.Required:
+		res.outcome, res.status = outcomeInvalid, http.StatusBadRequest
+		writeProblem(w, res.status, typeKeyMissing, h.titleMis,
+			"This route requires an "+h.opts.KeyHeader+" header on "+r.Method+" requests.")
+		return
+	case errors.Is(err, errNoKey):
+		res.outcome = outcomeNoKey
+		h.passthrough(w, r, &res)
+		return
+	case err != nil:
+		res.outcome, res.status = outcomeInvalid, http.StatusBadRequest
+		writeProblem(w, res.status, typeKeyInvalid, h.opts.KeyHeader+" is invalid", err.Error()+".")
+		return
+	}
+	// Stripe echoes the key on every answer to a keyed request.
+	w.Header().Set(h.opts.KeyHeader, r.Header.Get(h.opts.KeyHeader))
+
+	body, err := h.readBody(r)
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			res.outcome, res.status = outcomeTooLarge, http.StatusRequestEntityTooLarge
+			writeProblem(w, res.status, typeBodyTooLarge, "Request body is too large",
+				fmt.Sprintf("Requests with an %s may carry at most %d bytes.", h.opts.KeyHeader, h.opts.MaxBodyBytes))
+			return
+		}
+		res.outcome, res.status = outcomeInvalid, http.StatusBadRequest
+		writeProblem(w, res.status, typeBodyUnreadable, "Request body could not be read", err.Error())
+		return
+	}
+	fp := fingerprint(r, body)
+	k := claim.NewKey(h.scope(r), key)
+	res.keyHash = k.String()
+
+	lease, rec, err := h.acquire(r.Context(), k, fp, pol)
+	switch {
+	case err == nil && rec != nil:
+		res.outcome = outcomeReplayed
+		res.status = h.replay(w, rec)
+	case err == nil:
+		res.outcome = outcomeExecuted
+		if lease.TakenOver {
+			res.outcome = outcomeTakeover
+			h.metrics.takeoverAge.Observe(lease.TakeoverAge.Seconds())
+		}
+		h.execute(w, r, body, lease, pol, &res)
+	case errors.Is(err, claim.ErrMismatch):
+		res.outcome, res.status = outcomeMismatch, http.StatusUnprocessableEntity
+		writeProblem(w, res.status, typeKeyReused, h.titleUse,
+			"This key was first used for a request with another method, path, query or body.")
+	case errors.Is(err, claim.ErrInFlight):
+		res.outcome, res.status = outcomeInFlight, http.StatusConflict
+		writeProblem(w, res.status, typeRequestOutstanding, h.titleOut,
+			"The first request with this key has not finished yet; retry later to get its answer.")
+	case r.Context().Err() != nil:
+		// The client left while we waited; nothing was claimed.
+		res.outcome, res.status = outcomeInFlight, 499
+	case pol.FailOpen:
+		res.outcome = outcomeFailOpen
+		hlog.FromRequest(r).Warn().Err(err).Str("key_hash", res.keyHash).
+			Msg("Redis unreachable; forwarding without idempotency guarantee (fail open)")
+		r.Body = bodyReader(body)
+		h.passthrough(w, r, &res)
+	default:
+		res.outcome, res.status = outcomeStoreError, http.StatusServiceUnavailable
+		hlog.FromRequest(r).Error().Err(err).Str("key_hash", res.keyHash).Msg("Redis unreachable; answering 503 (fail closed)")
+		writeProblem(w, res.status, typeStoreUnavailable, "Idempotency store is unavailable",
+			"The request was not forwarded. Retry later with the same key.")
+	}
+}
+
+// acquire claims the key; with a wait policy, a duplicate of an in-flight
+// request polls until the first completes (replay), is released or expires
+// (we claim it), or the wait runs out (ErrInFlight).
+func (h *Handler) acquire(ctx context.Context, k claim.Key, fp claim.Fingerprint, pol Policy) (*claim.Lease, *claim.Record, error) {
+	// The claim must not be cut by a client leaving halfway through: a claim
+	// written but never answered would hold the key for its lock TTL.
+	sctx := context.WithoutCancel(ctx)
+	lease, rec, err := h.store.Acquire(sctx, k, fp, pol.LockTTL, pol.TTL)
+	if pol.Wait <= 0 || !errors.Is(err, claim.ErrInFlight) {
+		return lease, rec, err
+	}
+	deadline := time.NewTimer(pol.Wait)
+	defer deadline.Stop()
+	backoff := 5 * time.Millisecond
+	for {
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, nil, ctx.Err()
+		case <-deadline.C:
+			t.Stop()
+			return nil, nil, claim.ErrInFlight
+		case <-t.C:
+		}
+		lease, rec, err = h.store.Acquire(sctx, k, fp, pol.LockTTL, pol.TTL)
+		if !errors.Is(err, claim.ErrInFlight) {
+			return lease, rec, err
+		}
+		backoff = min(backoff*2, 200*time.Millisecond)
+	}
+}
+
+// readBody reads a keyed request's body, at most MaxBodyBytes of it.
+func (h *Handler) readBody(r *http.Request) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	limit := h.opts.MaxBodyBytes
+	if r.ContentLength > limit {
+		return nil, &http.MaxBytesError{Limit: limit}
+	}
+	if r.ContentLength >= 0 {
+		b := make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(r.Body, b); err != nil {
+			return nil, fmt.Errorf("read request body: %w", err)
+		}
+		return b, nil
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("read request body: %w", err)
+	}
+	if int64(len(b)) > limit {
+		return nil, &http.MaxBytesError{Limit: limit}
+	}
+	return b, nil
+}
+
+func bodyReader(b []byte) io.ReadCloser {
+	if len(b) == 0 {
+		return http.NoBody
+	}
+	return io.NopCloser(bytes.NewReader(b))
+}
+
+// fingerprint is SHA-256 over the method, the escaped path, the raw query as
+// sent (not reordered) and the body; NUL separates the fields, which none of
+// the first three can contain.
+func fingerprint(r *http.Request, body []byte) claim.Fingerprint {
+	h := sha256.New()
+	io.WriteString(h, r.Method)
+	h.Write([]byte{0})
+	io.WriteString(h, r.URL.EscapedPath())
+	h.Write([]byte{0})
+	io.WriteString(h, r.URL.RawQuery)
+	h.Write([]byte{0})
+	h.Write(body)
+	var fp claim.Fingerprint
+	h.Sum(fp[:0])
+	return fp
+}
+
+// scope returns the SCOPE_HEADERS values, one entry per header (all its
+// values joined), "" for an absent header.
+func (h *Handler) scope(r *http.Request) []string {
+	vals := make([]string, len(h.opts.ScopeHeaders))
+	for i, name := range h.opts.ScopeHeaders {
+		switch vv := r.Header.Values(name); len(vv) {
+		case 0:
+		case 1:
+			vals[i] = vv[0]
+		default:
+			vals[i] = strings.Join(vv, "\n")
+		}
+	}
+	return vals
+}
+
+// replay writes a recorded answer.
+func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record) int {
+	hdr := w.Header()
+	hdr.Set("Idempotent-Replayed", "true")
+	if rec.BodyNotStored {
+		writeProblem(w, rec.Status, typeResponseNotStored, "Original response too large to replay",
+			"The first request with this key was executed and answered with status "+strconv.Itoa(rec.Status)+
+				", but its response body was too large (or streaming) to be recorded. It is not executed again.")
+		return rec.Status
+	}
+	echo := hdr.Values(h.opts.KeyHeader)
+	for k, vv := range recordableHeader(rec.Header) {
+		hdr[k] = vv
+	}
+	hdr[h.opts.KeyHeader] = echo
+	w.WriteHeader(rec.Status)
+	_, _ = w.Write(rec.Body) // a failed write means the client left; it can retry
+	return rec.Status
+}
+
+// passthrough forwards without any idempotency handling, streaming the body.
+func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *result) {
+	sw := &statusWriter{ResponseWriter: w}
+	h.rp.ServeHTTP(sw, r)
+	res.status = sw.status
+}
+
+// statusWriter remembers the status for the access log; Unwrap lets
+// ReverseProxy flush and hijack (protocol upgrades) through it.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.status == 0 && code >= 200 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(p []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(p)
+}
+
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// errorHandler gets the upstream round-trip failures. For a keyed exchange it
+// only notes the error: execute decides what to answer and what to do with
+// the claim. For a pass-through it answers directly.
+func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
+	if ex, ok := w.(*exchange); ok {
+		ex.upErr = err
+		return
+	}
+	status, typ, title := classifyUpstreamError(err)
+	hlog.FromRequest(r).Warn().Err(err).Int("status", status).Msg("upstream request failed")
+	writeProblem(w, status, typ, title, "The upstream did not answer: "+err.Error()+".")
+}
+
+func classifyUpstreamError(err error) (int, string, string) {
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		return http.StatusGatewayTimeout, typeUpstreamTimeout, "Upstream timed out"
+	}
+	if isDialError(err) {
+		return http.StatusBadGateway, typeUpstreamUnreachable, "Upstream is unreachable"
+	}
+	return http.StatusBadGateway, typeUpstreamFailed, "Upstream connection failed"
+}
+
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+func (h *Handler) modifyResponse(res *http.Response) error {
+	if ex, ok := res.Request.Context().Value(exchangeKey{}).(*exchange); ok {
+		ex.upstreamResponse(res)
+	}
+	return nil
+}

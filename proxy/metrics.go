@@ -1,0 +1,89 @@
+package proxy
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Outcomes, the `outcome` label of idemproxy_requests_total and the
+// `outcome` field of the access log.
+const (
+	outcomeExecuted      = "executed"       // claimed, forwarded, recorded
+	outcomeTakeover      = "takeover"       // as executed, after taking over an expired claim
+	outcomeReplayed      = "replayed"       // answered from the record
+	outcomeInFlight      = "in_flight"      // 409: the first is still running
+	outcomeMismatch      = "mismatch"       // 422: key reused for another request
+	outcomeInvalid       = "invalid"        // 400: key missing (required), malformed; unreadable body
+	outcomeTooLarge      = "too_large"      // 413: request body over MAX_BODY_BYTES
+	outcomeStoreError    = "store_error"    // 503 (fail closed), or the answer could not be recorded
+	outcomeFailOpen      = "fail_open"      // Redis unreachable, forwarded without guarantee
+	outcomeReleased      = "released"       // upstream 5xx or never reached: claim freed for a retry
+	outcomeUpstreamError = "upstream_error" // timeout or broken answer after sending: claim kept
+	outcomePassthrough   = "passthrough"    // method not covered, or route "off"
+	outcomeNoKey         = "no_key"         // covered, no key, key not required: forwarded as is
+)
+
+// Metrics are the proxy's Prometheus series.
+type Metrics struct {
+	requests       *prometheus.CounterVec
+	responses      *prometheus.CounterVec
+	upstream       *prometheus.HistogramVec
+	script         *prometheus.HistogramVec
+	inflight       prometheus.Gauge
+	recordFailures prometheus.Counter
+	takeoverAge    prometheus.Histogram
+}
+
+// NewMetrics creates the series and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_requests_total",
+			Help: "Requests handled, by ROUTES pattern (\"default\" when no rule matched) and outcome.",
+		}, []string{"route", "outcome"}),
+		responses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_responses_total",
+			Help: "Responses sent, by ROUTES pattern and HTTP status code.",
+		}, []string{"route", "code"}),
+		upstream: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemproxy_upstream_duration_seconds",
+			Help:    "Time from sending a request upstream to its response headers, by route and status class (\"error\" when no answer).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12),
+		}, []string{"route", "code_class"}),
+		script: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemproxy_redis_script_duration_seconds",
+			Help:    "Redis Lua script round trips, by script (claim, complete, release) and result.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12),
+		}, []string{"script", "result"}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemproxy_inflight_requests",
+			Help: "Requests being handled right now.",
+		}),
+		recordFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemproxy_record_failures_total",
+			Help: "Upstream answers that could not be recorded (Redis lost after retries); their keys stay in flight until the lock TTL.",
+		}),
+		takeoverAge: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "idemproxy_takeover_claim_age_seconds",
+			Help:    "Age of the abandoned claim when a request took it over.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
+		}),
+	}
+	reg.MustRegister(m.requests, m.responses, m.upstream, m.script, m.inflight, m.recordFailures, m.takeoverAge)
+	return m
+}
+
+// ObserveScript has the signature of claim.Observer.
+func (m *Metrics) ObserveScript(script, result string, d time.Duration) {
+	m.script.WithLabelValues(script, result).Observe(d.Seconds())
+}
+
+func (m *Metrics) observeUpstream(route string, status int, d time.Duration) {
+	class := "error"
+	if status >= 100 && status < 600 {
+		class = strconv.Itoa(status/100) + "xx"
+	}
+	m.upstream.WithLabelValues(route, class).Observe(d.Seconds())
+}

@@ -1,0 +1,222 @@
+package proxy
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+)
+
+// Policy is the idempotency behaviour applied to one request: the global
+// settings, overridden by the ROUTES rule the request matches.
+type Policy struct {
+	Covered  bool          // enforce keys on this request (METHODS, or a rule naming the method)
+	Off      bool          // rule says "off": plain pass-through
+	Required bool          // a request without a key gets 400
+	TTL      time.Duration // how long a completed response is kept
+	LockTTL  time.Duration // how long an in-flight claim holds
+	Wait     time.Duration // how long a duplicate waits for the first (0: 409 at once)
+	FailOpen bool          // Redis unreachable: forward without guarantee
+	Store5xx bool          // record 5xx answers instead of releasing the key
+}
+
+// Route is one parsed ROUTES rule. Nil option fields inherit the global
+// setting.
+type Route struct {
+	Method   string
+	Pattern  string
+	Rule     string // the rule as written, for error messages
+	TTL      *time.Duration
+	LockTTL  *time.Duration
+	Wait     *time.Duration
+	Required bool
+	Off      bool
+	FailOpen *bool
+	Store5xx *bool
+}
+
+// apply returns base with the rule's options on top. A rule names its
+// method, so the request is covered even when METHODS does not list it.
+func (rt *Route) apply(base Policy) Policy {
+	p := base
+	p.Covered = true
+	p.Off = rt.Off
+	p.Required = base.Required || rt.Required
+	if rt.TTL != nil {
+		p.TTL = *rt.TTL
+	}
+	if rt.LockTTL != nil {
+		p.LockTTL = *rt.LockTTL
+	}
+	if rt.Wait != nil {
+		p.Wait = *rt.Wait
+	}
+	if rt.FailOpen != nil {
+		p.FailOpen = *rt.FailOpen
+	}
+	if rt.Store5xx != nil {
+		p.Store5xx = *rt.Store5xx
+	}
+	return p
+}
+
+var routeMethods = map[string]bool{
+	http.MethodGet: true, http.MethodHead: true, http.MethodPost: true, http.MethodPut: true,
+	http.MethodPatch: true, http.MethodDelete: true, http.MethodOptions: true,
+	http.MethodTrace: true, http.MethodConnect: true,
+}
+
+// ParseRoutes parses the ROUTES variable: rules separated by ";", each a
+// method, a chi route pattern and options (ttl=DUR lock=DUR wait=DUR
+// required off fail=open|closed on5xx=release|store). Errors quote the rule.
+func ParseRoutes(spec string) ([]Route, error) {
+	var routes []Route
+	seen := map[string]string{}
+	for raw := range strings.SplitSeq(spec, ";") {
+		rule := strings.Join(strings.Fields(raw), " ")
+		if rule == "" {
+			continue
+		}
+		rt, err := parseRule(rule)
+		if err != nil {
+			return nil, fmt.Errorf("ROUTES rule %q: %w", rule, err)
+		}
+		id := rt.Method + " " + rt.Pattern
+		if prev, dup := seen[id]; dup {
+			return nil, fmt.Errorf("ROUTES rule %q: %s %s is already covered by rule %q", rule, rt.Method, rt.Pattern, prev)
+		}
+		seen[id] = rule
+		routes = append(routes, rt)
+	}
+	// Build the router once so a pattern chi rejects fails here, at start.
+	if _, err := newRouter(routes); err != nil {
+		return nil, err
+	}
+	return routes, nil
+}
+
+func parseRule(rule string) (Route, error) {
+	f := strings.Fields(rule)
+	if len(f) < 2 {
+		return Route{}, fmt.Errorf("want METHOD PATTERN [options]")
+	}
+	rt := Route{Method: f[0], Pattern: f[1], Rule: rule}
+	if !routeMethods[rt.Method] {
+		return Route{}, fmt.Errorf("unknown method %q (want an upper-case HTTP method such as POST)", rt.Method)
+	}
+	if !strings.HasPrefix(rt.Pattern, "/") {
+		return Route{}, fmt.Errorf("pattern %q must start with /", rt.Pattern)
+	}
+	seen := map[string]bool{}
+	for _, opt := range f[2:] {
+		name, val, hasVal := strings.Cut(opt, "=")
+		if seen[name] {
+			return Route{}, fmt.Errorf("option %q given twice", name)
+		}
+		seen[name] = true
+		var err error
+		switch name {
+		case "ttl", "lock", "wait":
+			if !hasVal {
+				return Route{}, fmt.Errorf("option %q needs a duration, e.g. %s=90s", name, name)
+			}
+			var d time.Duration
+			d, err = time.ParseDuration(val)
+			switch {
+			case err != nil:
+				return Route{}, fmt.Errorf("option %s=%q: not a duration such as 90s or 48h", name, val)
+			case d < 0 || (d == 0 && name != "wait"):
+				return Route{}, fmt.Errorf("option %s=%q must be above zero", name, val)
+			}
+			switch name {
+			case "ttl":
+				rt.TTL = &d
+			case "lock":
+				rt.LockTTL = &d
+			default:
+				rt.Wait = &d
+			}
+		case "required", "off":
+			if hasVal {
+				return Route{}, fmt.Errorf("option %q takes no value", name)
+			}
+			if name == "off" {
+				rt.Off = true
+			} else {
+				rt.Required = true
+			}
+		case "fail":
+			b, ok := map[string]bool{"open": true, "closed": false}[val]
+			if !ok {
+				return Route{}, fmt.Errorf("option fail=%q: want fail=open or fail=closed", val)
+			}
+			rt.FailOpen = &b
+		case "on5xx":
+			b, ok := map[string]bool{"store": true, "release": false}[val]
+			if !ok {
+				return Route{}, fmt.Errorf("option on5xx=%q: want on5xx=release or on5xx=store", val)
+			}
+			rt.Store5xx = &b
+		default:
+			return Route{}, fmt.Errorf("unknown option %q (want ttl=, lock=, wait=, required, off, fail=, on5xx=)", opt)
+		}
+	}
+	if rt.Off && len(f) > 3 {
+		return Route{}, fmt.Errorf("option off cannot be combined with other options")
+	}
+	return rt, nil
+}
+
+// router finds the ROUTES rule a request matches, with chi's matching rules
+// (most specific pattern wins).
+type router struct {
+	mux    *chi.Mux
+	byID   map[string]*Route // "METHOD pattern" -> rule
+	ctxs   sync.Pool
+	routes []Route
+}
+
+func newRouter(routes []Route) (r *router, err error) {
+	r = &router{mux: chi.NewMux(), byID: map[string]*Route{}, routes: routes}
+	r.ctxs.New = func() any { return chi.NewRouteContext() }
+	noop := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	for i := range routes {
+		rt := &routes[i]
+		func() {
+			// chi panics on a pattern it cannot parse; report it as the rule's error.
+			defer func() {
+				if p := recover(); p != nil {
+					err = fmt.Errorf("ROUTES rule %q: bad pattern %q: %v", rt.Rule, rt.Pattern, p)
+				}
+			}()
+			r.mux.Method(rt.Method, rt.Pattern, noop)
+		}()
+		if err != nil {
+			return nil, err
+		}
+		r.byID[rt.Method+" "+rt.Pattern] = rt
+	}
+	return r, nil
+}
+
+// match returns the rule for req, or nil when none matches.
+func (r *router) match(req *http.Request) *Route {
+	if len(r.routes) == 0 {
+		return nil
+	}
+	path := req.URL.RawPath
+	if path == "" {
+		path = req.URL.Path
+	}
+	rctx := r.ctxs.Get().(*chi.Context)
+	rctx.Reset()
+	pattern := r.mux.Find(rctx, req.Method, path)
+	r.ctxs.Put(rctx)
+	if pattern == "" {
+		return nil
+	}
+	return r.byID[req.Method+" "+pattern]
+}

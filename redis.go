@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+)
+
+// store is the Redis the proxy talks to, and how to check and close it.
+type store struct {
+	client   redis.UniversalClient
+	embedded *miniredis.Miniredis
+	close    func()
+}
+
+// openRedis connects to the configured Redis, or starts the embedded one.
+// It does not wait for Redis to answer: an unreachable Redis is reported by
+// /readyz and handled per FAIL_MODE, not by refusing to start.
+func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
+	var tlsCfg *tls.Config
+	if cfg.RedisTLS {
+		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	switch {
+	case cfg.RedisMode == "sentinel":
+		c := redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName:    cfg.RedisMasterName,
+			SentinelAddrs: cfg.RedisAddrs,
+			Username:      cfg.RedisUsername,
+			Password:      cfg.RedisPassword,
+			TLSConfig:     tlsCfg,
+		})
+		return &store{client: c, close: func() { _ = c.Close() }}, nil
+	case cfg.RedisMode == "cluster":
+		c := redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:     cfg.RedisAddrs,
+			Username:  cfg.RedisUsername,
+			Password:  cfg.RedisPassword,
+			TLSConfig: tlsCfg,
+		})
+		return &store{client: c, close: func() { _ = c.Close() }}, nil
+	case cfg.RedisURL != "":
+		opt, err := redis.ParseURL(cfg.RedisURL)
+		if err != nil {
+			return nil, fmt.Errorf("REDIS_URL=%q: %w", redactURL(cfg.RedisURL), err)
+		}
+		c := redis.NewClient(opt)
+		return &store{client: c, close: func() { _ = c.Close() }}, nil
+	}
+	return startEmbedded(logger)
+}
+
+// startEmbedded runs miniredis on a loopback port. miniredis never expires
+// keys by itself, and a claim that never expires would lock its key forever,
+// so a ticker advances its clock with the real one.
+func startEmbedded(logger zerolog.Logger) (*store, error) {
+	mr := miniredis.NewMiniRedis()
+	if err := mr.StartAddr("127.0.0.1:0"); err != nil {
+		return nil, fmt.Errorf("start embedded Redis: %w", err)
+	}
+	logger.Warn().Str("addr", mr.Addr()).
+		Msg("REDIS_URL is empty: using an embedded in-process Redis (single instance, nothing persisted). Fine for one replica; with several, each has its own keys and nothing is guaranteed")
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { advanceClock(ctx, mr, 50*time.Millisecond) })
+	return &store{client: c, embedded: mr, close: func() {
+		cancel()
+		wg.Wait()
+		_ = c.Close()
+		mr.Close()
+	}}, nil
+}
+
+func advanceClock(ctx context.Context, mr *miniredis.Miniredis, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			mr.FastForward(now.Sub(last))
+			last = now
+		}
+	}
+}
+
+// configWarnings reads settings that weaken the guarantee. An evicted record
+// lets a retry execute again, so anything but maxmemory-policy noeviction is
+// reported (log, /readyz, metric). With Cluster every master is checked.
+func (s *store) configWarnings(ctx context.Context) ([]string, error) {
+	if s.embedded != nil {
+		return []string{"store: embedded in-process Redis (REDIS_URL empty): single instance, nothing persisted; wrong for more than one replica"}, nil
+	}
+	check := func(ctx context.Context, c redis.Cmdable, where string) ([]string, error) {
+		v, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+		if err != nil {
+			return []string{fmt.Sprintf("store: could not read maxmemory-policy%s (%v); make sure it is noeviction", where, err)}, nil
+		}
+		if p := v["maxmemory-policy"]; p != "noeviction" {
+			return []string{fmt.Sprintf("store: maxmemory-policy is %q%s; use noeviction, or an evicted record lets a retry execute again", p, where)}, nil
+		}
+		return nil, nil
+	}
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		var all []string
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			w, err := check(ctx, c, " on "+c.Options().Addr)
+			mu.Lock()
+			all = append(all, w...)
+			mu.Unlock()
+			return err
+		})
+		return all, err
+	}
+	if err := s.client.Ping(ctx).Err(); err != nil {
+		return nil, fmt.Errorf("ping Redis: %w", err)
+	}
+	return check(ctx, s.client, "")
+}

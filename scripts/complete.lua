@@ -1,0 +1,19 @@
+-- complete.lua: record the response of a claim, if the claim is still ours.
+--
+-- KEYS[1]  record key  <prefix>{<hash>}
+-- KEYS[2]  claim mark  <prefix>{<hash>}:m
+-- ARGV[1]  token       the claimant's token
+-- ARGV[2]  record      encoded response (binary-safe)
+-- ARGV[3]  TTL         ms; how long the completed record is kept and replayed
+--
+-- Reply: {"ok"}, or {"lost"} when the record is gone or held under another
+-- token (our lock expired and someone took over): nothing is written then.
+local cur = redis.call('HMGET', KEYS[1], 'st', 'tok')
+if cur[1] ~= 'i' or cur[2] ~= ARGV[1] then
+  return {'lost'}
+end
+redis.call('HSET', KEYS[1], 'st', 'c', 'rec', ARGV[2])
+redis.call('HDEL', KEYS[1], 'tok', 'at')
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('DEL', KEYS[2])
+return {'ok'}
