@@ -93,6 +93,7 @@ func DecodeRecord(b []byte) (*Record, error) {
 	if n > 0 {
 		r.Header = make(map[string][]string, n)
 	}
+	prev := "" // names are written sorted; anything else is not our encoding
 	for range n {
 		name := d.str()
 		if d.err != nil {
@@ -101,9 +102,10 @@ func DecodeRecord(b []byte) (*Record, error) {
 		if name == "" {
 			return nil, fmt.Errorf("%w: empty header name", errBadRecord)
 		}
-		if _, dup := r.Header[name]; dup {
-			return nil, fmt.Errorf("%w: header %q twice", errBadRecord, name)
+		if name <= prev {
+			return nil, fmt.Errorf("%w: header %q out of order or repeated", errBadRecord, name)
 		}
+		prev = name
 		nv := d.count()
 		vals := make([]string, 0, nv)
 		for range nv {
@@ -134,7 +136,8 @@ func (d *decoder) uvarint() uint64 {
 		return 0
 	}
 	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
+	if n <= 0 || n != uvarintLen(v) { // minimal encodings only
+
 		d.err = fmt.Errorf("%w: bad varint", errBadRecord)
 		return 0
 	}
@@ -167,6 +170,15 @@ func (d *decoder) bytes() []byte {
 	v := d.b[:n:n]
 	d.b = d.b[n:]
 	return v
+}
+
+func uvarintLen(v uint64) int {
+	n := 1
+	for v >= 0x80 {
+		v >>= 7
+		n++
+	}
+	return n
 }
 
 func (d *decoder) str() string { return string(d.bytes()) }

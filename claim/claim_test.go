@@ -1,0 +1,326 @@
+package claim_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/redistest"
+)
+
+// backend is a Redis the store tests run against, with a way to let time pass.
+type backend struct {
+	name    string
+	rdb     *redis.Client
+	advance func(t *testing.T, d time.Duration)
+}
+
+// backends returns miniredis (fast, virtual clock) and a real redis-server
+// (the semantics that matter: Lua, PX expiry, NOSCRIPT).
+func backends(t *testing.T) []backend {
+	mr := miniredis.RunT(t)
+	mrc := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = mrc.Close() })
+	srv := redistest.Start(t)
+	// FastForward expires keys; TIME (used for takeover age) follows SetTime.
+	virt := time.Now()
+	mr.SetTime(virt)
+	return []backend{
+		{"miniredis", mrc, func(_ *testing.T, d time.Duration) {
+			virt = virt.Add(d)
+			mr.SetTime(virt)
+			mr.FastForward(d)
+		}},
+		{"redis-server", srv.Client(), func(_ *testing.T, d time.Duration) { time.Sleep(d) }},
+	}
+}
+
+var ctx = context.Background()
+
+func fp(s string) claim.Fingerprint {
+	var f claim.Fingerprint
+	copy(f[:], s)
+	return f
+}
+
+func TestAcquireLifecycle(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			s := claim.NewStore(be.rdb, "test:", nil)
+			key := claim.NewKey([]string{"Bearer a"}, "k1")
+
+			lease, rec, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+			if err != nil || lease == nil || rec != nil {
+				t.Fatalf("first Acquire = %v, %v, %v; want a lease", lease, rec, err)
+			}
+			if lease.TakenOver {
+				t.Errorf("fresh claim reported as takeover")
+			}
+			if _, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); !errors.Is(err, claim.ErrInFlight) {
+				t.Errorf("duplicate while in flight: got %v, want ErrInFlight", err)
+			}
+			if _, _, err := s.Acquire(ctx, key, fp("B"), time.Minute, time.Hour); !errors.Is(err, claim.ErrMismatch) {
+				t.Errorf("other fingerprint while in flight: got %v, want ErrMismatch", err)
+			}
+
+			body := []byte{0, 1, 2, 0xff, '\r', '\n', 0}
+			want := &claim.Record{Status: 201, Header: map[string][]string{"Content-Type": {"application/octet-stream"}}, Body: body}
+			if err := lease.Complete(ctx, want, time.Hour); err != nil {
+				t.Fatalf("Complete: %v", err)
+			}
+			_, got, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+			if err != nil || got == nil {
+				t.Fatalf("Acquire after completion = %v, %v; want a record", got, err)
+			}
+			if got.Status != 201 || !bytes.Equal(got.Body, body) || got.Header["Content-Type"][0] != "application/octet-stream" {
+				t.Errorf("got %+v, want %+v", got, want)
+			}
+			if _, _, err := s.Acquire(ctx, key, fp("B"), time.Minute, time.Hour); !errors.Is(err, claim.ErrMismatch) {
+				t.Errorf("other fingerprint after completion: got %v, want ErrMismatch", err)
+			}
+			// Completing or releasing twice is refused: the claim is no longer in flight.
+			if err := lease.Complete(ctx, want, time.Hour); !errors.Is(err, claim.ErrLost) {
+				t.Errorf("second Complete: got %v, want ErrLost", err)
+			}
+			if err := lease.Release(ctx); !errors.Is(err, claim.ErrLost) {
+				t.Errorf("Release after Complete: got %v, want ErrLost", err)
+			}
+		})
+	}
+}
+
+func TestScopeSeparatesKeys(t *testing.T) {
+	a := claim.NewKey([]string{"Bearer alice"}, "k")
+	b := claim.NewKey([]string{"Bearer bob"}, "k")
+	none := claim.NewKey([]string{""}, "k")
+	split1 := claim.NewKey([]string{"ab", "c"}, "k")
+	split2 := claim.NewKey([]string{"a", "bc"}, "k")
+	noScope := claim.NewKey(nil, "k")
+	if a == b || a == none || split1 == split2 || noScope == none {
+		t.Fatalf("scopes collide: %v %v %v %v %v %v", a, b, none, split1, split2, noScope)
+	}
+	if claim.NewKey([]string{"Bearer alice"}, "k") != a {
+		t.Fatalf("NewKey is not deterministic")
+	}
+}
+
+func TestReleaseLetsRetryExecute(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			s := claim.NewStore(be.rdb, "test:", nil)
+			key := claim.NewKey(nil, "rel")
+			lease, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := lease.Release(ctx); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			lease2, _, err := s.Acquire(ctx, key, fp("B"), time.Minute, time.Hour)
+			if err != nil || lease2 == nil {
+				t.Fatalf("Acquire after release = %v, %v; want a lease (even for another fingerprint)", lease2, err)
+			}
+			if lease2.TakenOver {
+				t.Errorf("claim after an explicit release reported as takeover")
+			}
+		})
+	}
+}
+
+// TestFencing: a claim whose lock expired and was taken over can neither
+// overwrite nor release the record of the request that took over.
+func TestFencing(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			s := claim.NewStore(be.rdb, "test:", nil)
+			key := claim.NewKey(nil, "fence")
+			old, _, err := s.Acquire(ctx, key, fp("A"), 100*time.Millisecond, time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			be.advance(t, 250*time.Millisecond) // Redis expires the lock (PX)
+
+			taker, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+			if err != nil || taker == nil {
+				t.Fatalf("Acquire after lock expiry = %v, %v; want a lease", taker, err)
+			}
+			if !taker.TakenOver || taker.TakeoverAge < 100*time.Millisecond {
+				t.Errorf("TakenOver=%v age=%v, want a takeover older than the 100ms lock", taker.TakenOver, taker.TakeoverAge)
+			}
+			if err := old.Release(ctx); !errors.Is(err, claim.ErrLost) {
+				t.Errorf("stale Release: got %v, want ErrLost", err)
+			}
+			if err := old.Complete(ctx, &claim.Record{Status: 200, Body: []byte("stale")}, time.Hour); !errors.Is(err, claim.ErrLost) {
+				t.Errorf("stale Complete: got %v, want ErrLost", err)
+			}
+			// The new owner is untouched: still in flight, then completes.
+			if _, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); !errors.Is(err, claim.ErrInFlight) {
+				t.Errorf("after stale writes: got %v, want ErrInFlight", err)
+			}
+			if err := taker.Complete(ctx, &claim.Record{Status: 200, Body: []byte("fresh")}, time.Hour); err != nil {
+				t.Fatalf("Complete by new owner: %v", err)
+			}
+			_, rec, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+			if err != nil || string(rec.Body) != "fresh" {
+				t.Errorf("replay = %v, %v; want the new owner's record", rec, err)
+			}
+			// Even a stale Complete after the new owner completed must not overwrite.
+			if err := old.Complete(ctx, &claim.Record{Status: 200, Body: []byte("stale")}, time.Hour); !errors.Is(err, claim.ErrLost) {
+				t.Errorf("stale Complete after completion: got %v, want ErrLost", err)
+			}
+		})
+	}
+}
+
+func TestRecordExpiresAfterTTL(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			s := claim.NewStore(be.rdb, "test:", nil)
+			key := claim.NewKey(nil, "ttl")
+			lease, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := lease.Complete(ctx, &claim.Record{Status: 200}, 200*time.Millisecond); err != nil {
+				t.Fatal(err)
+			}
+			if _, rec, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); err != nil || rec == nil {
+				t.Fatalf("before TTL: got %v, %v; want a record", rec, err)
+			}
+			be.advance(t, 400*time.Millisecond)
+			lease, _, err = s.Acquire(ctx, key, fp("B"), time.Minute, time.Hour)
+			if err != nil || lease == nil {
+				t.Fatalf("after TTL: got %v, %v; want a fresh lease", lease, err)
+			}
+		})
+	}
+}
+
+// TestNoScript: after SCRIPT FLUSH (a restarted or newly promoted Redis),
+// EVALSHA answers NOSCRIPT and the store falls back to EVAL.
+func TestNoScript(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	var calls []string
+	var mu sync.Mutex
+	s := claim.NewStore(rdb, "test:", func(script, result string, _ time.Duration) {
+		mu.Lock()
+		calls = append(calls, script+":"+result)
+		mu.Unlock()
+	})
+	for i := range 3 {
+		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		key := claim.NewKey(nil, fmt.Sprint("noscript", i))
+		lease, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+		if err != nil {
+			t.Fatalf("Acquire after SCRIPT FLUSH: %v", err)
+		}
+		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Complete(ctx, &claim.Record{Status: 200}, time.Hour); err != nil {
+			t.Fatalf("Complete after SCRIPT FLUSH: %v", err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) != 6 || calls[0] != "claim:claimed" || calls[1] != "complete:ok" {
+		t.Errorf("observed %v, want 3× claim:claimed, complete:ok", calls)
+	}
+}
+
+// TestConcurrentAcquire: many clients racing on one key, one lease.
+func TestConcurrentAcquire(t *testing.T) {
+	srv := redistest.Start(t)
+	const n = 50
+	for round := range 5 {
+		key := claim.NewKey(nil, fmt.Sprint("race", round))
+		var leases, inflight atomic.Int64
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range n {
+			// Separate clients, separate connections: real concurrency at Redis.
+			s := claim.NewStore(redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 1}), "test:", nil)
+			wg.Go(func() {
+				<-start
+				lease, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+				switch {
+				case err == nil && lease != nil:
+					leases.Add(1)
+				case errors.Is(err, claim.ErrInFlight):
+					inflight.Add(1)
+				default:
+					t.Errorf("Acquire: %v", err)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if leases.Load() != 1 || inflight.Load() != n-1 {
+			t.Fatalf("round %d: %d leases, %d in flight; want 1 and %d", round, leases.Load(), inflight.Load(), n-1)
+		}
+	}
+}
+
+func TestRedisDown(t *testing.T) {
+	srv := redistest.Start(t)
+	s := claim.NewStore(srv.Client(), "test:", nil)
+	srv.Kill()
+	_, _, err := s.Acquire(ctx, claim.NewKey(nil, "down"), fp("A"), time.Minute, time.Hour)
+	if err == nil || errors.Is(err, claim.ErrInFlight) || errors.Is(err, claim.ErrMismatch) {
+		t.Fatalf("Acquire with Redis down: got %v, want a connection error", err)
+	}
+	srv.Restart()
+	if _, _, err := s.Acquire(ctx, claim.NewKey(nil, "down"), fp("A"), time.Minute, time.Hour); err != nil {
+		t.Fatalf("Acquire after restart: %v", err)
+	}
+}
+
+// TestKeysShareHashTag: both keys of a claim land on one Cluster slot, and
+// neither contains the raw key or scope.
+func TestKeysShareHashTag(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	s := claim.NewStore(rdb, "pfx:", nil)
+	if _, _, err := s.Acquire(ctx, claim.NewKey([]string{"Bearer secret-token"}, "my-raw-key"), fp("A"), time.Minute, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	keys := mr.Keys()
+	if len(keys) != 2 {
+		t.Fatalf("keys %v, want a record and a claim mark", keys)
+	}
+	tag := func(k string) string {
+		i, j := bytes.IndexByte([]byte(k), '{'), bytes.IndexByte([]byte(k), '}')
+		if i < 0 || j < i {
+			t.Fatalf("key %q has no hash tag", k)
+		}
+		return k[i : j+1]
+	}
+	if tag(keys[0]) != tag(keys[1]) {
+		t.Errorf("keys %v have different hash tags", keys)
+	}
+	for _, k := range keys {
+		if !bytes.HasPrefix([]byte(k), []byte("pfx:")) {
+			t.Errorf("key %q lacks the prefix", k)
+		}
+		for _, secret := range []string{"my-raw-key", "secret-token"} {
+			if bytes.Contains([]byte(k), []byte(secret)) {
+				t.Errorf("key %q contains %q in clear", k, secret)
+			}
+			if v := mr.HGet(k, "fp") + mr.HGet(k, "tok"); bytes.Contains([]byte(v), []byte(secret)) {
+				t.Errorf("record %q contains %q in clear", k, secret)
+			}
+		}
+	}
+}
