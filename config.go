@@ -66,8 +66,9 @@ func loadConfig(environ []string) (*Config, error) {
 	}
 	var cfg Config
 	var problems []string
+	failed := map[string]bool{}
 	if err := env.ParseWithOptions(&cfg, env.Options{Environment: envMap}); err != nil {
-		problems = append(problems, envProblems(err, envMap)...)
+		problems = append(problems, envProblems(err, envMap, failed)...)
 	}
 	// caarlos0/env replaces an empty value by the default. For these, set
 	// but empty means "none": no admin listener, no prefix, no scope headers.
@@ -80,7 +81,7 @@ func loadConfig(environ []string) (*Config, error) {
 	if v, ok := envMap["SCOPE_HEADERS"]; ok && strings.TrimSpace(v) == "" {
 		cfg.ScopeHeaders = nil
 	}
-	problems = append(problems, cfg.validate()...)
+	problems = append(problems, cfg.validate(envMap, failed)...)
 	if len(problems) > 0 {
 		return nil, errors.New("invalid configuration:\n  " + strings.Join(problems, "\n  "))
 	}
@@ -88,8 +89,10 @@ func loadConfig(environ []string) (*Config, error) {
 }
 
 // envProblems turns caarlos0/env's errors, which name Go fields, into
-// messages that name the variable and quote its value.
-func envProblems(err error, envMap map[string]string) []string {
+// messages that name the variable and quote its value. It marks the
+// variables that failed to parse in failed, so validate does not report
+// them again with the zero value they were left at.
+func envProblems(err error, envMap map[string]string, failed map[string]bool) []string {
 	var agg env.AggregateError
 	errs := []error{err}
 	if errors.As(err, &agg) {
@@ -103,10 +106,13 @@ func envProblems(err error, envMap map[string]string) []string {
 		switch {
 		case errors.As(e, &pe):
 			name := envName(pe.Name)
+			failed[name] = true
 			out = append(out, fmt.Sprintf("%s=%q: %s", name, envMap[name], typeHint(pe.Type)))
 		case errors.As(e, &unset):
+			failed[unset.Key] = true
 			out = append(out, fmt.Sprintf("%s is required but not set", unset.Key))
 		case errors.As(e, &empty):
+			failed[empty.Key] = true
 			out = append(out, fmt.Sprintf("%s is required but empty", empty.Key))
 		default:
 			out = append(out, e.Error())
@@ -138,10 +144,18 @@ func typeHint(t reflect.Type) string {
 }
 
 // validate checks values and their relations; each problem names the
-// variable and its value.
-func (c *Config) validate() []string {
+// variable and the value as the operator wrote it (raw). Variables in
+// failed did not parse and are not checked again.
+func (c *Config) validate(raw map[string]string, failed map[string]bool) []string {
 	var p []string
 	bad := func(format string, args ...any) { p = append(p, fmt.Sprintf(format, args...)) }
+	// value is what the operator wrote, or the default when unset.
+	value := func(name, parsed string) string {
+		if v := raw[name]; v != "" {
+			return v
+		}
+		return parsed
+	}
 
 	if c.UpstreamURL != "" {
 		u, err := url.Parse(c.UpstreamURL)
@@ -161,7 +175,7 @@ func (c *Config) validate() []string {
 	case "standalone":
 		if c.RedisURL != "" {
 			if _, err := redis.ParseURL(c.RedisURL); err != nil {
-				bad("REDIS_URL=%q: %v", redactURL(c.RedisURL), err)
+				bad("REDIS_URL=%q: %v", redactURL(c.RedisURL), urlErrorReason(err))
 			}
 		}
 		if len(c.RedisAddrs) > 0 {
@@ -196,7 +210,10 @@ func (c *Config) validate() []string {
 	for _, m := range c.Methods {
 		m = strings.ToUpper(strings.TrimSpace(m))
 		if m == "" || strings.ContainsAny(m, " \t;:/") {
-			bad("METHODS=%q: %q is not an HTTP method", strings.Join(c.Methods, ","), m)
+			if !failed["METHODS"] {
+				bad("METHODS=%q: %q is not an HTTP method", value("METHODS", ""), m)
+				failed["METHODS"] = true // one message is enough
+			}
 			continue
 		}
 		if !slices.Contains(methods, m) {
@@ -212,8 +229,8 @@ func (c *Config) validate() []string {
 	}
 
 	positive := func(name string, d time.Duration) {
-		if d <= 0 {
-			bad("%s=%q: must be above zero", name, d.String())
+		if d <= 0 && !failed[name] {
+			bad("%s=%q: must be above zero", name, value(name, d.String()))
 		}
 	}
 	positive("TTL", c.TTL)
@@ -221,20 +238,20 @@ func (c *Config) validate() []string {
 	positive("UPSTREAM_TIMEOUT", c.UpstreamTimeout)
 	positive("SHUTDOWN_TIMEOUT", c.ShutdownTimeout)
 	if c.WaitTimeout < 0 {
-		bad("WAIT_TIMEOUT=%q: must not be negative", c.WaitTimeout.String())
+		bad("WAIT_TIMEOUT=%q: must not be negative", value("WAIT_TIMEOUT", c.WaitTimeout.String()))
 	}
 	if c.UpstreamTimeout > 0 && c.LockTTL > 0 && c.UpstreamTimeout >= c.LockTTL {
 		bad("UPSTREAM_TIMEOUT=%q must be below LOCK_TTL=%q: otherwise a request still running could lose its claim and execute twice",
-			c.UpstreamTimeout.String(), c.LockTTL.String())
+			value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()), value("LOCK_TTL", c.LockTTL.String()))
 	}
-	if c.MaxKeyLength <= 0 {
-		bad("MAX_KEY_LENGTH=%q: must be above zero", fmt.Sprint(c.MaxKeyLength))
+	if c.MaxKeyLength <= 0 && !failed["MAX_KEY_LENGTH"] {
+		bad("MAX_KEY_LENGTH=%q: must be above zero", value("MAX_KEY_LENGTH", fmt.Sprint(c.MaxKeyLength)))
 	}
-	if c.MaxBodyBytes <= 0 {
-		bad("MAX_BODY_BYTES=%q: must be above zero", fmt.Sprint(c.MaxBodyBytes))
+	if c.MaxBodyBytes <= 0 && !failed["MAX_BODY_BYTES"] {
+		bad("MAX_BODY_BYTES=%q: must be above zero", value("MAX_BODY_BYTES", fmt.Sprint(c.MaxBodyBytes)))
 	}
 	if c.MaxStoredResponseBytes < 0 {
-		bad("MAX_STORED_RESPONSE_BYTES=%q: must not be negative", fmt.Sprint(c.MaxStoredResponseBytes))
+		bad("MAX_STORED_RESPONSE_BYTES=%q: must not be negative", value("MAX_STORED_RESPONSE_BYTES", fmt.Sprint(c.MaxStoredResponseBytes)))
 	}
 	if c.FailMode != "closed" && c.FailMode != "open" {
 		bad("FAIL_MODE=%q: want closed or open", c.FailMode)
@@ -262,6 +279,16 @@ func (c *Config) validate() []string {
 	}
 	c.routes = routes
 	return p
+}
+
+// urlErrorReason drops the URL that *url.Error repeats (it would show a
+// password) and keeps the reason.
+func urlErrorReason(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
 }
 
 // redactURL hides a password in a Redis URL before it reaches a message.

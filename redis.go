@@ -12,6 +12,15 @@ import (
 	"github.com/rs/zerolog"
 )
 
+// go-redis retries a failed command 3 times and a failed dial 5 times, with
+// backoff: with Redis down, a fail-closed 503 would take about 2s. One retry
+// of each rides out a dropped connection and still answers within
+// milliseconds when Redis is gone.
+const (
+	maxRetries    = 1
+	dialerRetries = 1
+)
+
 // store is the Redis the proxy talks to, and how to check and close it.
 type store struct {
 	client   redis.UniversalClient
@@ -35,20 +44,31 @@ func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
 			Username:      cfg.RedisUsername,
 			Password:      cfg.RedisPassword,
 			TLSConfig:     tlsCfg,
+			MaxRetries:    maxRetries,
+			DialerRetries: dialerRetries,
 		})
 		return &store{client: c, close: func() { _ = c.Close() }}, nil
 	case cfg.RedisMode == "cluster":
 		c := redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:     cfg.RedisAddrs,
-			Username:  cfg.RedisUsername,
-			Password:  cfg.RedisPassword,
-			TLSConfig: tlsCfg,
+			Addrs:         cfg.RedisAddrs,
+			Username:      cfg.RedisUsername,
+			Password:      cfg.RedisPassword,
+			TLSConfig:     tlsCfg,
+			MaxRetries:    maxRetries,
+			DialerRetries: dialerRetries,
 		})
 		return &store{client: c, close: func() { _ = c.Close() }}, nil
 	case cfg.RedisURL != "":
 		opt, err := redis.ParseURL(cfg.RedisURL)
 		if err != nil {
-			return nil, fmt.Errorf("REDIS_URL=%q: %w", redactURL(cfg.RedisURL), err)
+			return nil, fmt.Errorf("REDIS_URL=%q: %w", redactURL(cfg.RedisURL), urlErrorReason(err))
+		}
+		// URL query parameters (max_retries=, dial_timeout=, pool_size=…) win.
+		if opt.MaxRetries == 0 {
+			opt.MaxRetries = maxRetries
+		}
+		if opt.DialerRetries == 0 {
+			opt.DialerRetries = dialerRetries
 		}
 		c := redis.NewClient(opt)
 		return &store{client: c, close: func() { _ = c.Close() }}, nil
