@@ -1,0 +1,287 @@
+{{/*
+Expand the name of the chart.
+*/}}
+{{- define "idemproxy.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Create a default fully qualified app name.
+We truncate at 63 chars because some Kubernetes name fields are limited to this (by the DNS naming spec).
+If release name contains chart name it will be used as a full name.
+*/}}
+{{- define "idemproxy.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Create chart name and version as used by the chart label.
+*/}}
+{{- define "idemproxy.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Common labels
+*/}}
+{{- define "idemproxy.labels" -}}
+helm.sh/chart: {{ include "idemproxy.chart" . }}
+{{ include "idemproxy.selectorLabels" . }}
+{{- if .Chart.AppVersion }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Selector labels
+*/}}
+{{- define "idemproxy.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "idemproxy.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Create the name of the service account to use
+*/}}
+{{- define "idemproxy.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "idemproxy.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The image reference: repository:tag, or repository@digest when image.digest is set.
+*/}}
+{{- define "idemproxy.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Seconds in a Go duration string ("90s", "1h30m", "1.5m", "250ms", "0"), printed as a number.
+Call with (dict "name" "SHUTDOWN_TIMEOUT (config.shutdownTimeout)" "value" "30s").
+Fails the render with a message naming the value when it is not a Go duration.
+*/}}
+{{- define "idemproxy.durationSeconds" -}}
+{{- $d := toString .value }}
+{{- if not (regexMatch "^(0|(([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(ns|us|µs|ms|s|m|h))+)$" $d) }}
+{{- fail (printf "%s=%q is not a Go duration (examples: 90s, 2m, 1h30m)" .name $d) }}
+{{- end }}
+{{- $units := dict "ns" 0.000000001 "us" 0.000001 "µs" 0.000001 "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 }}
+{{- $total := 0.0 }}
+{{- range regexFindAll "([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(ns|us|µs|ms|s|m|h)" $d -1 }}
+{{- $num := regexFind "^([0-9]+(\\.[0-9]*)?|\\.[0-9]+)" . }}
+{{- $unit := trimPrefix $num . }}
+{{- $total = addf $total (mulf (float64 $num) (get $units $unit)) }}
+{{- end }}
+{{- $total }}
+{{- end }}
+
+{{/*
+The port of a Go listen address (":8080", "0.0.0.0:8080"). Call with (dict "name" ... "value" ...).
+*/}}
+{{- define "idemproxy.addrPort" -}}
+{{- $port := regexFind "[0-9]+$" (toString .value) }}
+{{- if or (not (regexMatch ":[0-9]+$" (toString .value))) (lt (atoi $port) 1) (gt (atoi $port) 65535) }}
+{{- fail (printf "%s=%q must be a listen address with a port, e.g. \":8080\"" .name (toString .value)) }}
+{{- end }}
+{{- $port }}
+{{- end }}
+
+{{/*
+"true" when the pod would run the embedded in-process Redis (miniredis): REDIS_MODE standalone
+and no REDIS_URL from redis.existingSecret, redis.url or extraEnv. Empty otherwise.
+*/}}
+{{- define "idemproxy.embeddedRedis" -}}
+{{- $fromExtraEnv := false }}
+{{- range .Values.extraEnv }}
+{{- if eq .name "REDIS_URL" }}{{ $fromExtraEnv = true }}{{ end }}
+{{- end }}
+{{- if and (eq .Values.config.redisMode "standalone") (not .Values.redis.existingSecret) (not .Values.redis.url) (not $fromExtraEnv) -}}
+true
+{{- end }}
+{{- end }}
+
+{{/*
+Name of the Secret holding the Redis credentials.
+*/}}
+{{- define "idemproxy.redisSecretName" -}}
+{{- default (printf "%s-redis" (include "idemproxy.fullname" .)) .Values.redis.existingSecret }}
+{{- end }}
+
+{{/*
+"true" when the chart creates the Redis Secret itself (inline credentials, no existingSecret).
+*/}}
+{{- define "idemproxy.createRedisSecret" -}}
+{{- if and (not .Values.redis.existingSecret) (or .Values.redis.url .Values.redis.username .Values.redis.password) -}}
+true
+{{- end }}
+{{- end }}
+
+{{/*
+Number of replicas the Deployment runs at least: autoscaling.minReplicas with autoscaling on,
+replicaCount otherwise.
+*/}}
+{{- define "idemproxy.minReplicas" -}}
+{{- if .Values.autoscaling.enabled }}
+{{- .Values.autoscaling.minReplicas | int }}
+{{- else }}
+{{- .Values.replicaCount | int }}
+{{- end }}
+{{- end }}
+
+{{/*
+The ROUTES string built from config.routes: rules joined by ";", each
+"METHOD PATTERN [ttl=D] [lock=D] [required] [off] [fail=open|closed] [wait=D] [on5xx=release|store]".
+*/}}
+{{- define "idemproxy.routes" -}}
+{{- $rules := list }}
+{{- $seen := dict }}
+{{- range $i, $r := .Values.config.routes }}
+{{- $where := printf "config.routes[%d]" $i }}
+{{- if not $r.method }}{{ fail (printf "%s: method is required" $where) }}{{ end }}
+{{- if not $r.pattern }}{{ fail (printf "%s: pattern is required" $where) }}{{ end }}
+{{- $method := upper $r.method }}
+{{- if not (has $method (list "GET" "HEAD" "POST" "PUT" "PATCH" "DELETE" "OPTIONS" "TRACE" "CONNECT")) }}
+{{- fail (printf "%s: method %q must be an HTTP method such as POST" $where $r.method) }}
+{{- end }}
+{{- if not (regexMatch "^/[^\\s;]*$" $r.pattern) }}
+{{- fail (printf "%s: pattern %q must start with / and hold no whitespace or ;" $where $r.pattern) }}
+{{- end }}
+{{- $id := printf "%s %s" $method $r.pattern }}
+{{- if hasKey $seen $id }}
+{{- fail (printf "%s: a rule for %q is already defined" $where $id) }}
+{{- end }}
+{{- $_ := set $seen $id true }}
+{{- $parts := list $method $r.pattern }}
+{{- /* YAML 1.1 (which Helm's parser follows) reads a bare `off:` key as false: accept both spellings. */}}
+{{- $off := or (index $r "off") (index $r "false") }}
+{{- if $off }}
+{{- range $opt := list "ttl" "lock" "required" "fail" "wait" "on5xx" }}
+{{- if index $r $opt }}
+{{- fail (printf "%s (%s): off means plain pass-through, so %s would be ignored; remove it" $where $id $opt) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $opt := list "ttl" "lock" "wait" }}
+{{- if index $r $opt }}
+{{- $secs := include "idemproxy.durationSeconds" (dict "name" (printf "%s.%s" $where $opt) "value" (index $r $opt)) | float64 }}
+{{- if and (ne $opt "wait") (le $secs 0.0) }}
+{{- fail (printf "%s (%s): %s=%s must be above zero" $where $id $opt (index $r $opt)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $r.ttl }}{{ $parts = append $parts (printf "ttl=%s" $r.ttl) }}{{ end }}
+{{- if $r.lock }}{{ $parts = append $parts (printf "lock=%s" $r.lock) }}{{ end }}
+{{- if $r.required }}{{ $parts = append $parts "required" }}{{ end }}
+{{- if $off }}{{ $parts = append $parts "off" }}{{ end }}
+{{- if $r.fail }}
+{{- if not (has $r.fail (list "open" "closed")) }}{{ fail (printf "%s: fail must be open or closed, not %q" $where $r.fail) }}{{ end }}
+{{- $parts = append $parts (printf "fail=%s" $r.fail) }}
+{{- end }}
+{{- if $r.wait }}{{ $parts = append $parts (printf "wait=%s" $r.wait) }}{{ end }}
+{{- if $r.on5xx }}
+{{- if not (has $r.on5xx (list "release" "store")) }}{{ fail (printf "%s: on5xx must be release or store, not %q" $where $r.on5xx) }}{{ end }}
+{{- $parts = append $parts (printf "on5xx=%s" $r.on5xx) }}
+{{- end }}
+{{- $rules = append $rules (join " " $parts) }}
+{{- end }}
+{{- join ";" $rules }}
+{{- end }}
+
+{{/*
+Render-time checks. Each fails with a message that names the value to change.
+*/}}
+{{- define "idemproxy.validate" -}}
+{{- $c := .Values.config }}
+{{- if not $c.upstreamURL }}
+{{- fail "config.upstreamURL (UPSTREAM_URL) is required: the base URL of the API to protect, e.g. http://legacy-api:8080" }}
+{{- end }}
+{{- if not (regexMatch "^https?://[^\\s/]+" $c.upstreamURL) }}
+{{- fail (printf "config.upstreamURL (UPSTREAM_URL)=%q must be an http:// or https:// URL" $c.upstreamURL) }}
+{{- end }}
+{{- if not $c.adminAddr }}
+{{- fail "config.adminAddr (ADMIN_ADDR) must not be empty in Kubernetes: the probes (/healthz, /readyz) and /metrics are served on the admin listener" }}
+{{- end }}
+{{- $_ := include "idemproxy.addrPort" (dict "name" "config.listenAddr (LISTEN_ADDR)" "value" $c.listenAddr) }}
+{{- $_ = include "idemproxy.addrPort" (dict "name" "config.adminAddr (ADMIN_ADDR)" "value" $c.adminAddr) }}
+{{- if eq (include "idemproxy.addrPort" (dict "name" "" "value" $c.listenAddr)) (include "idemproxy.addrPort" (dict "name" "" "value" $c.adminAddr)) }}
+{{- fail "config.listenAddr and config.adminAddr must use different ports" }}
+{{- end }}
+{{- if include "idemproxy.embeddedRedis" . }}
+{{- if or .Values.autoscaling.enabled (gt (int .Values.replicaCount) 1) }}
+{{- fail (printf "embedded Redis with %s: no Redis is configured (REDIS_MODE=standalone and neither redis.existingSecret nor redis.url is set), so every replica would start its own in-memory Redis and the same Idempotency-Key could execute once per replica: no guarantee at all. Set redis.existingSecret (or redis.url), or config.redisMode sentinel/cluster with config.redisAddrs; or run a single replica without autoscaling." (ternary "autoscaling.enabled=true" (printf "replicaCount=%d" (int .Values.replicaCount)) .Values.autoscaling.enabled)) }}
+{{- end }}
+{{- end }}
+{{- if and (ne $c.redisMode "standalone") (not $c.redisAddrs) }}
+{{- fail (printf "config.redisAddrs (REDIS_ADDRS) is required with config.redisMode=%s: list the %s as host:port" $c.redisMode (ternary "sentinels" "cluster seed nodes" (eq $c.redisMode "sentinel"))) }}
+{{- end }}
+{{- if and (ne $c.redisMode "standalone") .Values.redis.url }}
+{{- fail (printf "redis.url is only read with config.redisMode=standalone (it is %s): put the credentials in redis.username/redis.password or in redis.existingSecret" $c.redisMode) }}
+{{- end }}
+{{- if and (eq $c.redisMode "standalone") (not .Values.redis.existingSecret) (or .Values.redis.username .Values.redis.password) }}
+{{- fail "redis.username and redis.password are for sentinel/cluster mode; in standalone mode put the credentials in redis.url (redis://user:password@host:6379/0)" }}
+{{- end }}
+{{- if and .Values.redis.url (not (regexMatch "^rediss?://" .Values.redis.url)) }}
+{{- fail "redis.url must start with redis:// or rediss://" }}
+{{- end }}
+{{- if and (eq $c.redisMode "standalone") (or $c.redisAddrs $c.redisTLS) }}
+{{- fail "config.redisAddrs and config.redisTLS are for config.redisMode sentinel/cluster; in standalone mode give a rediss:// URL in redis.url or redis.existingSecret" }}
+{{- end }}
+{{- range $k := list "ttl" "lockTTL" "upstreamTimeout" "waitTimeout" "shutdownTimeout" }}
+{{- $secs := include "idemproxy.durationSeconds" (dict "name" (printf "config.%s" $k) "value" (index $c $k)) | float64 }}
+{{- if and (ne $k "waitTimeout") (le $secs 0.0) }}
+{{- fail (printf "config.%s=%s must be above zero" $k (index $c $k)) }}
+{{- end }}
+{{- end }}
+{{- $upstream := include "idemproxy.durationSeconds" (dict "name" "config.upstreamTimeout (UPSTREAM_TIMEOUT)" "value" $c.upstreamTimeout) | float64 }}
+{{- $lock := include "idemproxy.durationSeconds" (dict "name" "config.lockTTL (LOCK_TTL)" "value" $c.lockTTL) | float64 }}
+{{- if ge $upstream $lock }}
+{{- fail (printf "config.upstreamTimeout (UPSTREAM_TIMEOUT=%s) must be below config.lockTTL (LOCK_TTL=%s): a claim must outlive the upstream call it guards" $c.upstreamTimeout $c.lockTTL) }}
+{{- end }}
+{{- range $i, $r := $c.routes }}
+{{- if $r.lock }}
+{{- $rl := include "idemproxy.durationSeconds" (dict "name" (printf "config.routes[%d].lock" $i) "value" $r.lock) | float64 }}
+{{- if ge $upstream $rl }}
+{{- fail (printf "config.routes[%d] (%s %s): lock=%s must be above config.upstreamTimeout (UPSTREAM_TIMEOUT=%s)" $i (upper $r.method) $r.pattern $r.lock $c.upstreamTimeout) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $_ = include "idemproxy.routes" . }}
+{{- $_ = include "idemproxy.terminationGracePeriodSeconds" . }}
+{{- end }}
+
+{{/*
+terminationGracePeriodSeconds: the value given, which must be above SHUTDOWN_TIMEOUT, or
+ceil(SHUTDOWN_TIMEOUT) + terminationGraceExtraSeconds.
+*/}}
+{{- define "idemproxy.terminationGracePeriodSeconds" -}}
+{{- $shutdown := include "idemproxy.durationSeconds" (dict "name" "config.shutdownTimeout (SHUTDOWN_TIMEOUT)" "value" .Values.config.shutdownTimeout) | float64 }}
+{{- if kindIs "invalid" .Values.terminationGracePeriodSeconds }}
+{{- add (ceil $shutdown | int) (int .Values.terminationGraceExtraSeconds) }}
+{{- else }}
+{{- $grace := int .Values.terminationGracePeriodSeconds }}
+{{- if le (float64 $grace) $shutdown }}
+{{- fail (printf "terminationGracePeriodSeconds=%d must be above config.shutdownTimeout (SHUTDOWN_TIMEOUT=%s): Kubernetes would SIGKILL the proxy before in-flight requests are recorded. Raise it, or leave it null to derive it" $grace .Values.config.shutdownTimeout) }}
+{{- end }}
+{{- $grace }}
+{{- end }}
+{{- end }}
