@@ -1,0 +1,361 @@
+package proxy_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+	"github.com/rs/zerolog/hlog"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/redistest"
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// env is one proxy under test: an httptest upstream that counts its calls,
+// a Redis (miniredis or a real redis-server), and the Handler served over
+// real HTTP by an httptest.Server.
+type env struct {
+	t        *testing.T
+	backend  string
+	upstream *httptest.Server
+	calls    atomic.Int64
+	handle   atomic.Pointer[http.HandlerFunc]
+	rdb      *redis.Client
+	mr       *miniredis.Miniredis // miniredis backend
+	redis    *redistest.Server    // redis-server backend
+	opts     proxy.Options
+	h        *proxy.Handler
+	srv      *httptest.Server
+	reg      *prometheus.Registry
+	logs     *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+const (
+	miniBackend = "miniredis"
+	realBackend = "redis-server"
+)
+
+var bothBackends = []string{miniBackend, realBackend}
+
+// defaultOptions mirror the contract's defaults, with short lock and
+// upstream timeouts so that expiry tests run in well under a second.
+func defaultOptions() proxy.Options {
+	return proxy.Options{
+		KeyHeader: "Idempotency-Key",
+		Methods:   []string{"POST"},
+		Default: proxy.Policy{
+			TTL:     time.Hour,
+			LockTTL: 2 * time.Second,
+		},
+		MaxKeyLength:    255,
+		MaxBodyBytes:    1 << 20,
+		MaxStoredBytes:  1 << 20,
+		ScopeHeaders:    []string{"Authorization"},
+		UpstreamTimeout: time.Second,
+	}
+}
+
+func newEnv(t *testing.T, backend string, mutate func(*proxy.Options)) *env {
+	t.Helper()
+	e := &env{t: t, backend: backend, logs: &syncBuffer{}}
+	e.setUpstream(e.created)
+	e.upstream = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.calls.Add(1)
+		(*e.handle.Load())(w, r)
+	}))
+	t.Cleanup(e.upstream.Close)
+
+	switch backend {
+	case miniBackend:
+		e.mr = miniredis.RunT(t)
+		e.rdb = redis.NewClient(&redis.Options{Addr: e.mr.Addr()})
+	case realBackend:
+		e.redis = redistest.Start(t)
+		e.rdb = redis.NewClient(&redis.Options{Addr: e.redis.Addr(), MaxRetries: 1, DialerRetries: 1})
+	default:
+		t.Fatalf("unknown backend %q", backend)
+	}
+	t.Cleanup(func() { _ = e.rdb.Close() })
+
+	e.opts = defaultOptions()
+	e.opts.Upstream, _ = url.Parse(e.upstream.URL)
+	if mutate != nil {
+		mutate(&e.opts)
+	}
+	e.h, e.srv, e.reg = e.newProxy(e.opts)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("proxy log:\n%s", e.logs)
+		}
+	})
+	return e
+}
+
+// newProxy starts another Handler on the same Redis (a second replica).
+func (e *env) newProxy(opts proxy.Options) (*proxy.Handler, *httptest.Server, *prometheus.Registry) {
+	e.t.Helper()
+	reg := prometheus.NewRegistry()
+	metrics := proxy.NewMetrics(reg)
+	logger := zerolog.New(e.logs).With().Timestamp().Logger()
+	opts.Logger = logger
+	opts.Metrics = metrics
+	h, err := proxy.New(claim.NewStore(e.rdb, "idem:", metrics.ObserveScript), opts)
+	if err != nil {
+		e.t.Fatalf("proxy.New: %v", err)
+	}
+	srv := httptest.NewServer(hlog.NewHandler(logger)(h))
+	e.t.Cleanup(srv.Close)
+	return h, srv, reg
+}
+
+func (e *env) setUpstream(f http.HandlerFunc) { e.handle.Store(&f) }
+
+// created is the default upstream: 201 with a body naming the call, an
+// end-to-end header, a cookie, and a hop-by-hop header named in Connection.
+func (e *env) created(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Custom", "kept")
+	h.Add("Set-Cookie", "session=abc; Path=/")
+	h.Set("Connection", "X-Hop")
+	h.Set("X-Hop", "dropped")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"call":%d,"path":%q,"body_len":%d}`, e.calls.Load(), r.URL.Path, len(body))
+}
+
+// response is a fully read answer.
+type response struct {
+	*http.Response
+	body []byte
+}
+
+func (r response) problem(t *testing.T) map[string]any {
+	t.Helper()
+	if ct := r.Header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("Content-Type %q, want application/problem+json (status %d, body %s)", ct, r.StatusCode, r.body)
+	}
+	var p map[string]any
+	if err := json.Unmarshal(r.body, &p); err != nil {
+		t.Fatalf("problem body %q: %v", r.body, err)
+	}
+	for _, k := range []string{"type", "title", "status", "detail"} {
+		if _, ok := p[k]; !ok {
+			t.Errorf("problem %s lacks %q", r.body, k)
+		}
+	}
+	if int(p["status"].(float64)) != r.StatusCode {
+		t.Errorf("problem status %v, HTTP status %d", p["status"], r.StatusCode)
+	}
+	return p
+}
+
+// req describes one request to the proxy.
+type req struct {
+	method, path, key, body string
+	header                  http.Header
+}
+
+func (e *env) do(r req) response {
+	e.t.Helper()
+	return e.doTo(e.srv, r)
+}
+
+func (e *env) doTo(srv *httptest.Server, r req) response {
+	e.t.Helper()
+	resp, err := e.send(context.Background(), srv, r)
+	if err != nil {
+		e.t.Fatalf("%s %s: %v", r.method, r.path, err)
+	}
+	return resp
+}
+
+func (e *env) send(ctx context.Context, srv *httptest.Server, r req) (response, error) {
+	if r.method == "" {
+		r.method = http.MethodPost
+	}
+	if r.path == "" {
+		r.path = "/v1/orders"
+	}
+	hr, err := http.NewRequestWithContext(ctx, r.method, srv.URL+r.path, strings.NewReader(r.body))
+	if err != nil {
+		return response{}, err
+	}
+	for k, vv := range r.header {
+		hr.Header[k] = vv
+	}
+	if r.key != "" {
+		hr.Header.Set("Idempotency-Key", r.key)
+	}
+	resp, err := srv.Client().Do(hr)
+	if err != nil {
+		return response{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return response{resp, b}, err
+}
+
+// advance lets d pass for Redis: FastForward on miniredis, a real wait on
+// redis-server (whose PX expiry is the thing under test).
+func (e *env) advance(d time.Duration) {
+	if e.mr != nil {
+		e.mr.FastForward(d)
+		return
+	}
+	time.Sleep(d)
+}
+
+// eventually polls cond every 10ms until it holds or the deadline passes.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// counter returns the value of a counter series, 0 if absent.
+func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			for k, v := range labels {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == k && lp.GetValue() == v {
+						found = true
+					}
+				}
+				if !found {
+					continue metrics
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue()
+			case m.GetHistogram() != nil:
+				return float64(m.GetHistogram().GetSampleCount())
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// labelValues lists the values one label takes in a metric family.
+func labelValues(t *testing.T, reg *prometheus.Registry, name, label string) []string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label {
+					out = append(out, lp.GetValue())
+				}
+			}
+		}
+	}
+	return out
+}
+
+// redisKeys lists the keys the proxy wrote (tests may use KEYS; the proxy never does).
+func (e *env) redisKeys() []string {
+	e.t.Helper()
+	keys, err := e.rdb.Keys(context.Background(), "idem:*").Result()
+	if err != nil {
+		e.t.Fatalf("KEYS: %v", err)
+	}
+	return keys
+}
+
+// gate is an upstream that holds each request until released, and tells
+// the test when a request has arrived.
+type gate struct {
+	arrived chan struct{}
+	release chan struct{}
+}
+
+func newGate() *gate {
+	return &gate{arrived: make(chan struct{}, 100), release: make(chan struct{})}
+}
+
+func (g *gate) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case <-g.arrived:
+	case <-time.After(5 * time.Second):
+		t.Fatal("request did not reach the upstream within 5s")
+	}
+}
+
+func (g *gate) open() {
+	select {
+	case <-g.release:
+	default:
+		close(g.release)
+	}
+}
+
+// handler answers after release (or after 10s, so that nothing hangs).
+func (g *gate) handler(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		g.arrived <- struct{}{}
+		select {
+		case <-g.release:
+		case <-time.After(10 * time.Second):
+		}
+		next(w, r)
+	}
+}
