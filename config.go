@@ -29,6 +29,8 @@ type Config struct {
 	RedisUsername          string        `env:"REDIS_USERNAME"`
 	RedisPassword          string        `env:"REDIS_PASSWORD"`
 	RedisTLS               bool          `env:"REDIS_TLS" envDefault:"false"`
+	RedisWaitReplicas      int           `env:"REDIS_WAIT_REPLICAS" envDefault:"0"`
+	RedisWaitTimeout       time.Duration `env:"REDIS_WAIT_TIMEOUT" envDefault:"1s"`
 	KeyPrefix              string        `env:"KEY_PREFIX" envDefault:"idem:"`
 	IdempotencyHeader      string        `env:"IDEMPOTENCY_HEADER" envDefault:"Idempotency-Key"`
 	Methods                []string      `env:"METHODS" envDefault:"POST" envSeparator:","`
@@ -203,6 +205,15 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 		bad("REDIS_MODE=%q: want standalone, sentinel or cluster", c.RedisMode)
 	}
 
+	if c.RedisWaitReplicas < 0 {
+		bad("REDIS_WAIT_REPLICAS=%q: must not be negative", value("REDIS_WAIT_REPLICAS", fmt.Sprint(c.RedisWaitReplicas)))
+	}
+	if c.RedisWaitReplicas > 0 && c.RedisMode == "standalone" && c.RedisURL == "" {
+		bad("REDIS_WAIT_REPLICAS=%q: the embedded Redis (REDIS_URL empty) has no replicas", value("REDIS_WAIT_REPLICAS", ""))
+	}
+	if c.RedisWaitTimeout <= 0 && !failed["REDIS_WAIT_TIMEOUT"] {
+		bad("REDIS_WAIT_TIMEOUT=%q: must be above zero", value("REDIS_WAIT_TIMEOUT", c.RedisWaitTimeout.String()))
+	}
 	if c.IdempotencyHeader == "" || strings.ContainsAny(c.IdempotencyHeader, " \t:,") {
 		bad("IDEMPOTENCY_HEADER=%q: not a header name", c.IdempotencyHeader)
 	}

@@ -109,7 +109,11 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 	reg.MustRegister(buildInfo, unsafe)
 	metrics := proxy.NewMetrics(reg)
 
-	h, err := proxy.New(claim.NewStore(st.client, cfg.KeyPrefix, metrics.ObserveScript), proxy.Options{
+	var storeOpts []claim.Option
+	if cfg.RedisWaitReplicas > 0 {
+		storeOpts = append(storeOpts, claim.WaitReplicas(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout))
+	}
+	h, err := proxy.New(claim.NewStore(st.client, cfg.KeyPrefix, metrics.ObserveScript, storeOpts...), proxy.Options{
 		Upstream:        cfg.upstream,
 		KeyHeader:       cfg.IdempotencyHeader,
 		Methods:         cfg.Methods,

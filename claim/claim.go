@@ -33,6 +33,10 @@ var (
 	// ErrLost: the claim is no longer ours (its lock expired and it was taken
 	// over, or the record was removed); nothing was written.
 	ErrLost = errors.New("claim: lost")
+	// ErrNotReplicated: with WaitReplicas, the claim was not acknowledged by
+	// enough replicas in time; it was released again. Treat it as Redis
+	// being unavailable.
+	ErrNotReplicated = errors.New("claim: not acknowledged by enough replicas")
 )
 
 var (
@@ -49,17 +53,36 @@ type Observer func(script, result string, d time.Duration)
 
 // Store claims keys in one Redis (standalone, Sentinel or Cluster).
 type Store struct {
-	rdb    redis.Scripter
-	prefix string
-	obs    Observer
+	rdb          redis.Scripter
+	prefix       string
+	obs          Observer
+	waitReplicas int
+	waitTimeout  time.Duration
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WaitReplicas makes every claim and completion wait (Redis WAIT) until n
+// replicas acknowledged it, at most timeout. A failover then cannot lose an
+// acknowledged claim, at the cost of a replication round trip per write. A
+// claim that is not acknowledged in time is released and reported as
+// ErrNotReplicated; a completion that is not is logged by the caller
+// (ErrNotReplicated wrapped), the answer having been given already.
+func WaitReplicas(n int, timeout time.Duration) Option {
+	return func(s *Store) { s.waitReplicas, s.waitTimeout = n, timeout }
 }
 
 // NewStore returns a Store writing keys that start with prefix. obs may be nil.
-func NewStore(rdb redis.Scripter, prefix string, obs Observer) *Store {
+func NewStore(rdb redis.Scripter, prefix string, obs Observer, opts ...Option) *Store {
 	if obs == nil {
 		obs = func(string, string, time.Duration) {}
 	}
-	return &Store{rdb: rdb, prefix: prefix, obs: obs}
+	s := &Store{rdb: rdb, prefix: prefix, obs: obs}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // Key identifies one (scope, idempotency key) pair. Only its hash is ever
@@ -137,8 +160,14 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, m
 	}
 	keys := s.keys(key)
 	start := time.Now()
-	v, err := claimScript.Run(ctx, s.rdb, keys, token, fp[:], ms(lockTTL), ms(max(markTTL, lockTTL))).Result()
+	v, acked, err := s.run(ctx, claimScript, keys, token, fp[:], ms(lockTTL), ms(max(markTTL, lockTTL)))
 	status, arg, err := decodeReply(v, err)
+	if err == nil && (status == "claimed" || status == "takeover") && acked < s.waitReplicas {
+		lease := &Lease{store: s, keys: keys, token: token}
+		_ = lease.Release(ctx) // best effort; the lock TTL frees it otherwise
+		s.obs("claim", "not_replicated", time.Since(start))
+		return nil, nil, fmt.Errorf("claim %s: %d of %d replicas acknowledged within %v: %w", key, acked, s.waitReplicas, s.waitTimeout, ErrNotReplicated)
+	}
 	s.obs("claim", resultLabel(status, err), time.Since(start))
 	if err != nil {
 		return nil, nil, fmt.Errorf("claim %s: %w", key, err)
@@ -170,8 +199,14 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, m
 // claim is still ours; otherwise it returns ErrLost and writes nothing.
 func (l *Lease) Complete(ctx context.Context, rec *Record, ttl time.Duration) error {
 	start := time.Now()
-	v, err := completeScript.Run(ctx, l.store.rdb, l.keys, l.token, rec.Encode(), ms(ttl)).Result()
-	return l.finish("complete", v, err, start)
+	v, acked, err := l.store.run(ctx, completeScript, l.keys, l.token, rec.Encode(), ms(ttl))
+	if err := l.finish("complete", v, err, start); err != nil {
+		return err
+	}
+	if acked < l.store.waitReplicas {
+		return fmt.Errorf("complete %s: %d of %d replicas acknowledged within %v: %w", l.keys[0], acked, l.store.waitReplicas, l.store.waitTimeout, ErrNotReplicated)
+	}
+	return nil
 }
 
 // Release frees the claimed key so that the next request executes again, if
@@ -180,6 +215,54 @@ func (l *Lease) Release(ctx context.Context) error {
 	start := time.Now()
 	v, err := releaseScript.Run(ctx, l.store.rdb, l.keys, l.token).Result()
 	return l.finish("release", v, err, start)
+}
+
+// run runs a script with EVALSHA, falling back to EVAL on NOSCRIPT. With
+// WaitReplicas it sends WAIT in the same pipeline: WAIT counts the writes of
+// its own connection, so it must follow the script on the connection that
+// ran it (on Cluster, the connection to the key's master). It returns how
+// many replicas acknowledged (0 without WaitReplicas).
+func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, args ...any) (any, int, error) {
+	if s.waitReplicas <= 0 {
+		v, err := script.Run(ctx, s.rdb, keys, args...).Result()
+		return v, 0, err
+	}
+	var conn interface{ Pipeline() redis.Pipeliner }
+	switch c := s.rdb.(type) {
+	case interface {
+		MasterForKey(context.Context, string) (*redis.Client, error)
+	}:
+		node, err := c.MasterForKey(ctx, keys[0])
+		if err != nil {
+			return nil, 0, fmt.Errorf("find master for %s: %w", keys[0], err)
+		}
+		conn = node
+	case interface{ Pipeline() redis.Pipeliner }:
+		conn = c
+	default:
+		return nil, 0, fmt.Errorf("WaitReplicas needs a pipelining client, not %T", s.rdb)
+	}
+	exec := func(eval func(redis.Pipeliner) *redis.Cmd) (*redis.Cmd, *redis.IntCmd, error) {
+		pipe := conn.Pipeline()
+		cmd := eval(pipe)
+		wait := redis.NewIntCmd(ctx, "wait", s.waitReplicas, s.waitTimeout.Milliseconds())
+		_ = pipe.Process(ctx, wait)
+		_, err := pipe.Exec(ctx)
+		return cmd, wait, err
+	}
+	cmd, wait, _ := exec(func(p redis.Pipeliner) *redis.Cmd { return script.EvalSha(ctx, p, keys, args...) })
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		cmd, wait, _ = exec(func(p redis.Pipeliner) *redis.Cmd { return script.Eval(ctx, p, keys, args...) })
+	}
+	v, err := cmd.Result()
+	if err != nil {
+		return nil, 0, err
+	}
+	acked, err := wait.Result()
+	if err != nil {
+		return nil, 0, fmt.Errorf("WAIT %d: %w", s.waitReplicas, err)
+	}
+	return v, int(acked), nil
 }
 
 func (l *Lease) finish(script string, v any, err error, start time.Time) error {

@@ -223,13 +223,18 @@ func (h *Handler) complete(r *http.Request, lease *claim.Lease, rec *claim.Recor
 			}
 			backoff *= 3
 		}
-		if err = lease.Complete(ctx, rec, ttl); err == nil || errors.Is(err, claim.ErrLost) || ctx.Err() != nil {
+		err = lease.Complete(ctx, rec, ttl)
+		if err == nil || errors.Is(err, claim.ErrLost) || errors.Is(err, claim.ErrNotReplicated) || ctx.Err() != nil {
 			break
 		}
 	}
 	lg := hlog.FromRequest(r)
 	switch {
 	case err == nil:
+	case errors.Is(err, claim.ErrNotReplicated):
+		// Written on the master; a failover before it reaches a replica
+		// would lose it. Nothing to retry: the record is there.
+		lg.Warn().Err(err).Str("key_hash", res.keyHash).Msg("answer recorded but not yet acknowledged by REDIS_WAIT_REPLICAS replicas")
 	case errors.Is(err, claim.ErrLost):
 		// Our lock expired and another request took the key over: the fence
 		// kept us from overwriting its record.

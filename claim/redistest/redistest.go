@@ -89,6 +89,7 @@ func (s *Server) Config() string {
 		`save ""`,
 		"appendonly no",
 		"protected-mode no",
+		"repl-diskless-sync-delay 0", // replicas sync at once, not after 5s
 	}
 	return strings.Join(append(lines, s.args...), "\n") + "\n"
 }

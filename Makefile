@@ -1,0 +1,109 @@
+# idemproxy — `make help` lists the targets.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+IMG     ?= ghcr.io/idemproxy/idemproxy:$(VERSION)
+GO      ?= go
+# Where `make run` starts the demo upstream when UPSTREAM_URL is not set.
+DEMO_UPSTREAM_ADDR ?= 127.0.0.1:9000
+# Short by default so `make test` stays quick; lengthen with FUZZTIME=1m.
+FUZZTIME ?= 10s
+
+.DEFAULT_GOAL := help
+
+##@ General
+
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} \
+		/^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } \
+		/^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Development
+
+.PHONY: run
+run: build ## Run the proxy (embedded Redis; demo upstream on :9000 unless UPSTREAM_URL is set)
+	@if [ -n "$$UPSTREAM_URL" ]; then \
+		exec ./bin/idemproxy; \
+	else \
+		$(GO) build -o bin/demoupstream ./scripts/demoupstream || exit 1; \
+		./bin/demoupstream -addr $(DEMO_UPSTREAM_ADDR) & demo=$$!; \
+		trap 'kill $$demo 2>/dev/null' EXIT INT TERM; \
+		UPSTREAM_URL=http://$(DEMO_UPSTREAM_ADDR) ./bin/idemproxy; \
+	fi
+
+.PHONY: deps
+deps: ## Install what the tests need: redis-server and redis-cli (apt), when missing
+	@scripts/install-deps.sh
+
+.PHONY: test
+test: deps test-go chart-test ## Run ALL tests: Go (unit, real Redis, Cluster, Sentinel, soak; -race) and the Helm chart
+
+.PHONY: test-go
+test-go: deps ## Run the Go tests with -race (fuzz seeds included)
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+.PHONY: test-integration
+test-integration: deps ## Run only the tests against real redis-server processes (Cluster, Sentinel, soak, kill/restart)
+	$(GO) test -race -count=1 -timeout 15m -run 'Cluster|Sentinel|Soak|Binary|Start|Redis|NoScript|Concurrent|Fenc' ./...
+
+.PHONY: fuzz
+fuzz: ## Fuzz key parsing, ROUTES parsing and record decoding for FUZZTIME each
+	$(GO) test -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime $(FUZZTIME) ./proxy
+	$(GO) test -run '^$$' -fuzz '^FuzzParseRoutes$$' -fuzztime $(FUZZTIME) ./proxy
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./claim
+
+.PHONY: lint
+lint: ## gofmt, go vet and go mod tidy must leave nothing to change
+	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) mod tidy -diff
+
+.PHONY: bench
+bench: ## Benchmark against a bare httputil.ReverseProxy (wrk, real Redis); prints ratios
+	scripts/bench.sh
+
+.PHONY: bench-go
+bench-go: ## Go micro-benchmarks of the hot path, with allocations
+	$(GO) test -run '^$$' -bench . -benchmem ./proxy ./claim
+
+##@ Build
+
+.PHONY: build
+build: ## Build bin/idemproxy
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/idemproxy .
+
+.PHONY: build-static
+build-static: ## Build the static release binary exactly as the Dockerfile does
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o bin/idemproxy .
+
+##@ Packaging
+
+.PHONY: docker-build
+docker-build: ## Build the container image $(IMG) (needs a Docker engine)
+	docker build --build-arg VERSION=$(VERSION) --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) -t $(IMG) .
+
+.PHONY: helm
+helm: ## Install the pinned Helm with go install, unless it is already there
+	@charts/validate/install-helm.sh >/dev/null
+
+.PHONY: chart-lint
+chart-lint: ## helm lint --strict and helm template: default values and every ci/*-values.yaml
+	@set -e; helm="$$(charts/validate/install-helm.sh)"; \
+	"$$helm" lint --strict charts/idemproxy; \
+	"$$helm" template idem charts/idemproxy >/dev/null; \
+	for f in charts/idemproxy/ci/*-values.yaml; do \
+	  "$$helm" lint --strict charts/idemproxy -f "$$f"; \
+	  "$$helm" template idem charts/idemproxy -f "$$f" >/dev/null; \
+	done
+
+.PHONY: chart-test
+chart-test: chart-lint ## Render the chart and decode every manifest strictly into the k8s.io/api types
+	@set -e; helm="$$(charts/validate/install-helm.sh)"; \
+	cd charts/validate; \
+	test -z "$$(gofmt -l .)" || { gofmt -l .; exit 1; }; \
+	$(GO) vet ./...; \
+	$(GO) mod tidy -diff; \
+	HELM="$$helm" $(GO) test -count=1 ./...
+
+.PHONY: clean
+clean: ## Remove build output
+	rm -rf bin
