@@ -4,6 +4,8 @@ IMG     ?= ghcr.io/idemproxy/idemproxy:$(VERSION)
 GO      ?= go
 # Where `make run` starts the demo upstream when UPSTREAM_URL is not set.
 DEMO_UPSTREAM_ADDR ?= 127.0.0.1:9000
+# How long each demo POST takes (make run DEMO_DELAY=3s shows a 409).
+DEMO_DELAY ?= 0s
 # Short by default so `make test` stays quick; lengthen with FUZZTIME=1m.
 FUZZTIME ?= 10s
 
@@ -25,7 +27,7 @@ run: build ## Run the proxy (embedded Redis; demo upstream on :9000 unless UPSTR
 		exec ./bin/idemproxy; \
 	else \
 		$(GO) build -o bin/demoupstream ./scripts/demoupstream || exit 1; \
-		./bin/demoupstream -addr $(DEMO_UPSTREAM_ADDR) & demo=$$!; \
+		./bin/demoupstream -addr $(DEMO_UPSTREAM_ADDR) -delay $(DEMO_DELAY) & demo=$$!; \
 		trap 'kill $$demo 2>/dev/null' EXIT INT TERM; \
 		UPSTREAM_URL=http://$(DEMO_UPSTREAM_ADDR) ./bin/idemproxy; \
 	fi
