@@ -894,3 +894,36 @@ func TestFencedCompletion(t *testing.T) {
 func fingerprintOf(method, path, query, body string) claim.Fingerprint {
 	return claim.Fingerprint(sha256.Sum256([]byte(method + "\x00" + path + "\x00" + query + "\x00" + body)))
 }
+
+// TestRedisRestartAndNoScript: a real Redis that restarts (empty, no
+// scripts loaded) is used again without restarting the proxy; the claim
+// falls back from EVALSHA to EVAL on NOSCRIPT.
+func TestRedisRestartAndNoScript(t *testing.T) {
+	e := newEnv(t, realBackend, nil)
+	if r := e.do(req{key: "before", body: "b"}); r.StatusCode != http.StatusCreated {
+		t.Fatalf("before: %d", r.StatusCode)
+	}
+	e.redis.Kill()
+	if r := e.do(req{key: "during", body: "b"}); r.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("Redis down: %d, want 503", r.StatusCode)
+	}
+	e.redis.Restart()
+	eventually(t, 5*time.Second, "the proxy uses the restarted Redis", func() bool {
+		return e.do(req{key: "after", body: "b"}).StatusCode == http.StatusCreated
+	})
+	if r := e.do(req{key: "after", body: "b"}); r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("after restart: not replayed")
+	}
+	if err := e.rdb.ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.do(req{key: "flushed", body: "b"}); r.StatusCode != http.StatusCreated {
+		t.Fatalf("after SCRIPT FLUSH: %d", r.StatusCode)
+	}
+	if r := e.do(req{key: "flushed", body: "b"}); r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("after SCRIPT FLUSH: not replayed")
+	}
+	if e.calls.Load() != 3 {
+		t.Errorf("upstream calls %d, want 3", e.calls.Load())
+	}
+}
