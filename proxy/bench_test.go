@@ -1,0 +1,108 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+func BenchmarkParseKeyAndFingerprint(b *testing.B) {
+	r := httptest.NewRequest(http.MethodPost, "/v1/orders?expand=customer", nil)
+	body := []byte(strings.Repeat("x", 200))
+	vals := []string{"8e03978e-40d5-43e8-bc93-6894a57f9324"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := parseKey(vals, 255); err != nil {
+			b.Fatal(err)
+		}
+		_ = fingerprint(r, body)
+	}
+}
+
+// roundTripperFunc answers upstream requests in memory, so the benchmark
+// measures the handler and Redis, not a network upstream.
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+var upstreamBody = strings.Repeat("y", 200)
+
+func memoryUpstream(r *http.Request) (*http.Response, error) {
+	if r.Body != nil {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_ = r.Body.Close()
+	}
+	return &http.Response{
+		StatusCode:    http.StatusCreated,
+		Header:        http.Header{"Content-Type": {"application/json"}},
+		Body:          io.NopCloser(strings.NewReader(upstreamBody)),
+		ContentLength: int64(len(upstreamBody)),
+		Request:       r,
+	}, nil
+}
+
+func benchHandler(b *testing.B) *Handler {
+	mr := miniredis.RunT(b)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	b.Cleanup(func() { _ = rdb.Close() })
+	u, _ := url.Parse("http://upstream.invalid")
+	h, err := New(claim.NewStore(rdb, "idem:", nil), Options{
+		Upstream:        u,
+		KeyHeader:       "Idempotency-Key",
+		Methods:         []string{"POST"},
+		Default:         Policy{TTL: time.Hour, LockTTL: time.Minute},
+		MaxKeyLength:    255,
+		MaxBodyBytes:    1 << 20,
+		MaxStoredBytes:  1 << 20,
+		ScopeHeaders:    []string{"Authorization"},
+		UpstreamTimeout: 10 * time.Second,
+		Transport:       roundTripperFunc(memoryUpstream),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return h
+}
+
+func serve(b *testing.B, h *Handler, key string) {
+	r := httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/orders", strings.NewReader(`{"amount":100}`))
+	r.Header.Set("Idempotency-Key", key)
+	r.Header.Set("Authorization", "Bearer sk_test")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusCreated {
+		b.Fatalf("status %d: %s", w.Code, w.Body)
+	}
+}
+
+// BenchmarkHandlerUnique: every request a new key (claim, forward, complete).
+func BenchmarkHandlerUnique(b *testing.B) {
+	h := benchHandler(b)
+	var n atomic.Int64
+	b.ReportAllocs()
+	for b.Loop() {
+		serve(b, h, fmt.Sprint("k", n.Add(1)))
+	}
+}
+
+// BenchmarkHandlerReplay: every request a duplicate (one claim round trip).
+func BenchmarkHandlerReplay(b *testing.B) {
+	h := benchHandler(b)
+	serve(b, h, "same")
+	b.ReportAllocs()
+	for b.Loop() {
+		serve(b, h, "same")
+	}
+}
