@@ -50,12 +50,17 @@ func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
 		return &store{client: c, close: func() { _ = c.Close() }}, nil
 	case cfg.RedisMode == "cluster":
 		c := redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:         cfg.RedisAddrs,
-			Username:      cfg.RedisUsername,
-			Password:      cfg.RedisPassword,
-			TLSConfig:     tlsCfg,
-			MaxRetries:    maxRetries,
-			DialerRetries: dialerRetries,
+			// go-redis re-reads the slot map on MOVED/ASK, or when it is older
+			// than this (default 60s). A dead master sends no MOVED, so with
+			// the default a shard stays unreachable for a minute after the
+			// cluster has failed over in two seconds.
+			ClusterStateReloadInterval: time.Second,
+			Addrs:                      cfg.RedisAddrs,
+			Username:                   cfg.RedisUsername,
+			Password:                   cfg.RedisPassword,
+			TLSConfig:                  tlsCfg,
+			MaxRetries:                 maxRetries,
+			DialerRetries:              dialerRetries,
 		})
 		return &store{client: c, close: func() { _ = c.Close() }}, nil
 	case cfg.RedisURL != "":

@@ -87,9 +87,14 @@ func TestAcquireLifecycle(t *testing.T) {
 			if _, _, err := s.Acquire(ctx, key, fp("B"), time.Minute, time.Hour); !errors.Is(err, claim.ErrMismatch) {
 				t.Errorf("other fingerprint after completion: got %v, want ErrMismatch", err)
 			}
-			// Completing or releasing twice is refused: the claim is no longer in flight.
-			if err := lease.Complete(ctx, want, time.Hour); !errors.Is(err, claim.ErrLost) {
-				t.Errorf("second Complete: got %v, want ErrLost", err)
+			// Completing again with the same lease is a no-op success (a
+			// client resending the script after a lost reply); releasing a
+			// completed claim is refused.
+			if err := lease.Complete(ctx, &claim.Record{Status: 500}, time.Hour); err != nil {
+				t.Errorf("second Complete: got %v, want nil", err)
+			}
+			if _, got, _ := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); got == nil || got.Status != 201 {
+				t.Errorf("second Complete overwrote the record: %+v", got)
 			}
 			if err := lease.Release(ctx); !errors.Is(err, claim.ErrLost) {
 				t.Errorf("Release after Complete: got %v, want ErrLost", err)

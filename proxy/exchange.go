@@ -21,6 +21,9 @@ import (
 // runs on a context the client cannot cancel.
 const completionTimeout = 10 * time.Second
 
+// completionAttempts: 50ms, 150ms, 450ms, then every second, about 5s of retries.
+const completionAttempts = 8
+
 type exchangeKey struct{}
 
 // exchange is the ResponseWriter ReverseProxy writes a claimed request's
@@ -214,14 +217,16 @@ func (h *Handler) complete(r *http.Request, lease *claim.Lease, rec *claim.Recor
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), completionTimeout)
 	defer cancel()
 	var err error
+	// go-redis, after failed dials, refuses calls for about a second before
+	// dialing again: keep trying for several seconds, not milliseconds.
 	backoff := 50 * time.Millisecond
-	for attempt := range 4 {
+	for attempt := range completionAttempts {
 		if attempt > 0 {
 			select {
 			case <-ctx.Done():
 			case <-time.After(backoff):
 			}
-			backoff *= 3
+			backoff = min(backoff*3, time.Second)
 		}
 		err = lease.Complete(ctx, rec, ttl)
 		if err == nil || errors.Is(err, claim.ErrLost) || errors.Is(err, claim.ErrNotReplicated) || ctx.Err() != nil {

@@ -8,12 +8,18 @@
 --
 -- Reply: {"ok"}, or {"lost"} when the record is gone or held under another
 -- token (our lock expired and someone took over): nothing is written then.
+-- Completing twice with the same token answers "ok" again (the client
+-- resent the script after losing the reply); the token stays in the record
+-- for that.
 local cur = redis.call('HMGET', KEYS[1], 'st', 'tok')
-if cur[1] ~= 'i' or cur[2] ~= ARGV[1] then
+if cur[2] ~= ARGV[1] then
   return {'lost'}
 end
+if cur[1] == 'c' then
+  return {'ok'}
+end
 redis.call('HSET', KEYS[1], 'st', 'c', 'rec', ARGV[2])
-redis.call('HDEL', KEYS[1], 'tok', 'at')
+redis.call('HDEL', KEYS[1], 'at')
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('DEL', KEYS[2])
 return {'ok'}
