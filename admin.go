@@ -30,7 +30,7 @@ type readiness struct {
 func (rd *readiness) check(ctx context.Context) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if err := rd.store.client.Ping(ctx).Err(); err != nil {
+	if err := rd.store.ping(ctx); err != nil {
 		return nil, err
 	}
 	rd.mu.Lock()

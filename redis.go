@@ -118,6 +118,21 @@ func advanceClock(ctx context.Context, mr *miniredis.Miniredis, every time.Durat
 	}
 }
 
+// ping checks that Redis answers. With Cluster every master must answer:
+// while a shard has no master, its keys get 503, and the cluster reports
+// itself down anyway (cluster-require-full-coverage).
+func (s *store) ping(ctx context.Context) error {
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			if err := c.Ping(ctx).Err(); err != nil {
+				return fmt.Errorf("master %s: %w", c.Options().Addr, err)
+			}
+			return nil
+		})
+	}
+	return s.client.Ping(ctx).Err()
+}
+
 // configWarnings reads settings that weaken the guarantee. An evicted record
 // lets a retry execute again, so anything but maxmemory-policy noeviction is
 // reported (log, /readyz, metric). With Cluster every master is checked.
@@ -146,9 +161,6 @@ func (s *store) configWarnings(ctx context.Context) ([]string, error) {
 			return err
 		})
 		return all, err
-	}
-	if err := s.client.Ping(ctx).Err(); err != nil {
-		return nil, fmt.Errorf("ping Redis: %w", err)
 	}
 	return check(ctx, s.client, "")
 }

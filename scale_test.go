@@ -433,6 +433,73 @@ func TestCluster(t *testing.T) {
 	})
 }
 
+// TestClusterWaitReplicas: with REDIS_WAIT_REPLICAS=1 on Cluster, WAIT goes
+// to the master that ran the script (not a random node), so every claim and
+// completion is acknowledged by that shard's replica before the answer.
+func TestClusterWaitReplicas(t *testing.T) {
+	c := redistest.StartCluster(t)
+	up := newScaleUpstream(t)
+	p := startScaleProxy(t, up.srv.URL, "REDIS_MODE=cluster", "REDIS_ADDRS="+strings.Join(c.Addrs(), ","),
+		"REDIS_WAIT_REPLICAS=1", "REDIS_WAIT_TIMEOUT=2s")
+	ctx := context.Background()
+	waits := func() map[string]int64 {
+		out := map[string]int64{}
+		for _, m := range c.Masters() {
+			info, err := scaleNodeClient(t, m).Info(ctx, "commandstats").Result()
+			if err != nil {
+				t.Fatalf("INFO commandstats on %s: %v", m.Addr(), err)
+			}
+			for line := range strings.SplitSeq(info, "\r\n") {
+				if v, ok := strings.CutPrefix(line, "cmdstat_wait:calls="); ok {
+					var n int64
+					_, _ = fmt.Sscan(strings.SplitN(v, ",", 2)[0], &n)
+					out[m.Addr()] = n
+				}
+			}
+		}
+		return out
+	}
+	noscript := func() map[string]int64 {
+		out := map[string]int64{}
+		for _, m := range c.Masters() {
+			out[m.Addr()] = scaleNoScriptErrors(t, m)
+		}
+		return out
+	}
+	before, beforeNS := waits(), noscript()
+	keys := scaleKeys("wait", 30)
+	perMaster := map[string]int64{}
+	for k, a := range p.sendAll(keys, 4) {
+		if !scaleExecuted(a) || up.count(k) != 1 {
+			t.Fatalf("%s: status %d err %v, executed %d times; want 201 once", k, a.status, a.err, up.count(k))
+		}
+		m := c.NodeForKey(scaleRedisKey(k))
+		perMaster[m.Addr()] += 2 // one WAIT after the claim, one after the completion
+		// Acknowledged means: the shard's replica has the completed record now.
+		replica := redis.NewClient(&redis.Options{Addr: c.ReplicaOf(m).Addr(),
+			OnConnect: func(ctx context.Context, cn *redis.Conn) error { return cn.ReadOnly(ctx).Err() }})
+		st, err := replica.HGet(ctx, scaleRedisKey(k), "st").Result()
+		_ = replica.Close()
+		if err != nil || st != "c" {
+			t.Errorf("%s: replica of %s has state %q (%v), want the completed record", k, m.Addr(), st, err)
+		}
+	}
+	after, afterNS := waits(), noscript()
+	for addr, want := range perMaster {
+		// A script's first run on a node answers NOSCRIPT; the fallback
+		// pipeline (EVAL + WAIT) sends one more WAIT.
+		want += afterNS[addr] - beforeNS[addr]
+		if got := after[addr] - before[addr]; got != want {
+			t.Errorf("master %s ran WAIT %d times, want %d (2 per key it owns, plus one per NOSCRIPT fallback)", addr, got, want)
+		}
+	}
+	for k, a := range p.sendAll(keys, 4) {
+		if !a.replayed || up.count(k) != 1 {
+			t.Errorf("%s: replayed=%v executed %d times; want a replay", k, a.replayed, up.count(k))
+		}
+	}
+}
+
 // scaleNoScriptErrors reads how many NOSCRIPT errors s has answered.
 func scaleNoScriptErrors(t *testing.T, s *redistest.Server) int64 {
 	info, err := scaleNodeClient(t, s).Info(context.Background(), "errorstats").Result()
@@ -627,8 +694,33 @@ func TestClusterFailover(t *testing.T) {
 	redistest.WaitReplicated(t, victim, replica, 10*time.Second)
 	killedAt := time.Now()
 	c.KillMaster(victim)
+	// /readyz checks every master: it must report the dead one (bounded
+	// poll, since go-redis notices the failure on its next use).
+	readyz := func() int {
+		resp, err := http.Get("http://" + p.app.adminAddr.String() + "/readyz")
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	sawNotReady := false
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && !sawNotReady; time.Sleep(20 * time.Millisecond) {
+		sawNotReady = readyz() == http.StatusServiceUnavailable
+	}
+	if !sawNotReady {
+		t.Errorf("/readyz never reported the killed master within 2s")
+	}
 	c.WaitHealthy(30 * time.Second)
 	clusterBack := time.Since(killedAt)
+	readyBy := time.Now().Add(10 * time.Second)
+	for readyz() != http.StatusOK {
+		if time.Now().After(readyBy) {
+			t.Errorf("/readyz not 200 within 10s of the cluster's recovery")
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if role, _, err := redistest.Role(replica); err != nil || role != "master" {
 		t.Fatalf("replica %s not promoted: ROLE %q %v", replica.Addr(), role, err)
 	}
