@@ -60,8 +60,8 @@ lint: ## gofmt, go vet and go mod tidy must leave nothing to change
 	$(GO) mod tidy -diff
 
 .PHONY: bench
-bench: ## Benchmark against a bare httputil.ReverseProxy (wrk, real Redis); prints ratios
-	scripts/bench.sh
+bench: ## Benchmark against a bare httputil.ReverseProxy (wrk, real Redis; ~4.5 min). BENCH_FLAGS=-quick for a smoke test
+	scripts/bench.sh $(BENCH_FLAGS)
 
 .PHONY: bench-go
 bench-go: ## Go micro-benchmarks of the hot path, with allocations

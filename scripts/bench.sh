@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Benchmark idemproxy against a bare httputil.ReverseProxy (issue 5); `make bench` runs this.
+#
+#   scripts/bench.sh [-quick] [-duration 8s] [-warmup 2s] [-rounds 2] [-conns 64]
+#                    [-only unique,replay,mixed,nokey,mem] [-delays 0,2ms]
+#                    [-cpus wrk=0,proxy=1,upstream=1,redis=1] [-idem-bare] [-idem-bin PATH]
+#                    [-idem-env KEY=VALUE]... [-keep] [-v]
+#
+# Needs go, wrk, redis-server and taskset (wrk and redis-server are installed with apt-get when
+# missing and running as root). The driver is scripts/bench/run; `scripts/bench.sh -h` lists every flag.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+if ! command -v go >/dev/null 2>&1; then
+	echo "bench: go is not on PATH" >&2
+	exit 1
+fi
+work="$(mktemp -d "${TMPDIR:-/tmp}/idemproxy-bench.XXXXXX")"
+if ! go build -o "$work/bench" ./scripts/bench/run; then
+	rm -rf "$work"
+	exit 1
+fi
+# The driver removes $work when it ends (unless -keep) and stops every process it started.
+exec "$work/bench" -repo "$root" -workdir "$work" "$@"

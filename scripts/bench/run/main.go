@@ -1,0 +1,678 @@
+// Command run is the driver of the idemproxy benchmark; scripts/bench.sh (and
+// `make bench`) builds and runs it from the repository root.
+//
+// It builds idemproxy from the tree plus a fake upstream (scripts/bench/upstream)
+// and a bare httputil.ReverseProxy with idemproxy's transport
+// (scripts/bench/bareproxy), starts them and a real redis-server on 127.0.0.1,
+// drives each proxy with wrk (workload.lua), alternating bare and idemproxy
+// rounds, and prints one table of medians with the idemproxy/bare ratios,
+// followed by two memory checks. Absolute figures on a shared 2-core machine
+// are noise; the ratios, measured in the same run, are the result.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+const (
+	exitOK          = 0
+	exitError       = 1
+	exitUsage       = 2
+	exitMemFail     = 3
+	exitInterrupted = 130
+)
+
+var allWorkloads = []string{"unique", "replay", "mixed", "nokey", "mem"}
+
+type config struct {
+	repo, workdir string
+	keep, verbose bool
+	perf          bool // profile idemproxy with perf during the warm-up of its first round
+
+	duration, warmup time.Duration
+	rounds           int
+	conns, threads   int
+	primed           int
+	workloads        []string // wrk workloads to run, in order
+	mem              bool     // run the memory checks
+	delays           []time.Duration
+	cpus             map[string]string // wrk, proxy, upstream, redis -> taskset cpu list
+	nice             int
+
+	idemBare bool     // put a second bare proxy in idemproxy's slot (harness self-test)
+	idemBin  string   // prebuilt idemproxy binary instead of building the tree
+	idemEnv  []string // extra KEY=VALUE for idemproxy
+
+	memSlack  int64 // bytes of RSS growth allowed beyond MAX_STORED_RESPONSE_BYTES
+	maxStored int64 // MAX_STORED_RESPONSE_BYTES in effect
+	slowN     int
+	slow      time.Duration
+	bigBytes  int64
+	memLimit  int64 // RSS limit of the slow-requests check
+}
+
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, " ") }
+func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
+
+func main() { os.Exit(run()) }
+
+func run() int {
+	// SIGPIPE too: a closed stdout or stderr (bench.sh | head) must still end
+	// in the cleanup below, not kill the driver and leave its processes.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGPIPE)
+	defer stop()
+	cfg, code := parseFlags(os.Args[1:])
+	b := &bench{cfg: cfg, started: time.Now()}
+	defer func() {
+		b.procs.stopAll()
+		switch {
+		case cfg.workdir == "":
+		case !cfg.keep && strings.HasPrefix(filepath.Base(cfg.workdir), "idemproxy-bench."):
+			os.RemoveAll(cfg.workdir) // ours: made by bench.sh or setup (never a directory a user named otherwise)
+		default:
+			fmt.Fprintf(os.Stderr, "bench: logs kept in %s\n", cfg.workdir)
+		}
+	}()
+	if code >= 0 {
+		return code
+	}
+	code = b.main(ctx)
+	if ctx.Err() != nil {
+		fmt.Fprintln(os.Stderr, "bench: interrupted; every process started was stopped")
+		return exitInterrupted
+	}
+	return code
+}
+
+func parseFlags(args []string) (*config, int) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	cfg := &config{}
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "Usage: scripts/bench.sh [flags]  (make bench)\n\n"+
+			"Benchmarks idemproxy, built from the tree, against a bare httputil.ReverseProxy with the same transport,\n"+
+			"on 127.0.0.1 with wrk, a fake upstream and redis-server, and prints one table of ratios plus two memory checks.\n"+
+			"Exit status: 0 done, 1 harness error, 2 usage, 3 a memory check failed, 130 interrupted.\n\nFlags:")
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&cfg.repo, "repo", ".", "repository root (holds go.mod of github.com/idemproxy/idemproxy)")
+	fs.StringVar(&cfg.workdir, "workdir", "", "scratch directory for binaries and logs (default: a new temp dir); removed at the end unless -keep, if named idemproxy-bench.*")
+	fs.BoolVar(&cfg.keep, "keep", false, "keep the scratch directory (process logs)")
+	fs.BoolVar(&cfg.verbose, "v", false, "print wrk's output of every round")
+	fs.BoolVar(&cfg.perf, "perf", false, "profile the proxy's cpu with perf record during the warm-up of its first round per workload (not the measured window) and print the top symbols")
+	fs.DurationVar(&cfg.duration, "duration", 8*time.Second, "measured duration of one round (whole seconds)")
+	fs.DurationVar(&cfg.warmup, "warmup", 2*time.Second, "warm-up before each measured round (whole seconds, 0 for none)")
+	fs.IntVar(&cfg.rounds, "rounds", 2, "rounds per target; bare and idemproxy alternate, the table shows medians")
+	fs.IntVar(&cfg.conns, "conns", 64, "wrk connections")
+	fs.IntVar(&cfg.threads, "threads", 1, "wrk threads")
+	fs.IntVar(&cfg.primed, "primed", 100, "keys primed for the replay and mixed workloads")
+	quick := fs.Bool("quick", false, "smoke test: -duration 2s -warmup 1s -rounds 1 (unless given)")
+	only := fs.String("only", "unique,replay,mixed,mem", "comma-separated workloads: unique, replay, mixed, nokey (no key), mem (memory checks)")
+	delays := fs.String("delays", "0,2ms", "comma-separated upstream service delays")
+	fs.IntVar(&cfg.nice, "nice", 0, "run wrk, the proxies, upstream and Redis at this niceness (e.g. -10, as root) so other work on a shared machine disturbs less")
+	cpus := fs.String("cpus", "wrk=0,proxy=1,upstream=1,redis=1", "taskset cpu list per role")
+	fs.BoolVar(&cfg.idemBare, "idem-bare", false, "self-test: a second bare proxy takes idemproxy's slot (ratios show the noise floor)")
+	fs.StringVar(&cfg.idemBin, "idem-bin", "", "benchmark this idemproxy binary instead of building the tree")
+	var idemEnv listFlag
+	fs.Var(&idemEnv, "idem-env", "extra KEY=VALUE in idemproxy's environment (repeatable)")
+	memSlackMiB := fs.Float64("mem-slack", 4, "MiB of RSS growth allowed on top of MAX_STORED_RESPONSE_BYTES in the 10 MiB check")
+	fs.IntVar(&cfg.slowN, "slow-n", 1000, "concurrent slow requests of the memory check")
+	fs.DurationVar(&cfg.slow, "slow", 2*time.Second, "how long the upstream holds each slow request")
+	memLimitMiB := fs.Int64("mem-limit", 200, "MiB of peak RSS allowed in the slow-requests check")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return cfg, exitOK
+		}
+		return cfg, exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "bench: unexpected arguments %q\n", fs.Args())
+		return cfg, exitUsage
+	}
+	if *quick { // without overriding what is given explicitly
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["duration"] {
+			cfg.duration = 2 * time.Second
+		}
+		if !set["warmup"] {
+			cfg.warmup = time.Second
+		}
+		if !set["rounds"] {
+			cfg.rounds = 1
+		}
+	}
+	var bad []string
+	for _, w := range strings.Split(*only, ",") {
+		w = strings.TrimSpace(w)
+		switch {
+		case w == "":
+		case w == "mem":
+			cfg.mem = true
+		case slices.Contains(allWorkloads, w):
+			cfg.workloads = append(cfg.workloads, w)
+		default:
+			bad = append(bad, fmt.Sprintf("-only: unknown workload %q (want %s)", w, strings.Join(allWorkloads, ", ")))
+		}
+	}
+	for _, d := range strings.Split(*delays, ",") {
+		if d = strings.TrimSpace(d); d == "" {
+			continue
+		}
+		if d == "0" {
+			d = "0s"
+		}
+		v, err := time.ParseDuration(d)
+		if err != nil || v < 0 {
+			bad = append(bad, fmt.Sprintf("-delays: bad duration %q", d))
+			continue
+		}
+		cfg.delays = append(cfg.delays, v)
+	}
+	cfg.cpus = map[string]string{}
+	for _, kv := range strings.Split(*cpus, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok || !slices.Contains([]string{"wrk", "proxy", "upstream", "redis"}, k) || v == "" {
+			bad = append(bad, fmt.Sprintf("-cpus: bad entry %q (want role=cpulist, roles wrk, proxy, upstream, redis)", kv))
+			continue
+		}
+		cfg.cpus[k] = v
+	}
+	for _, k := range []string{"wrk", "proxy", "upstream", "redis"} {
+		if cfg.cpus[k] == "" {
+			bad = append(bad, fmt.Sprintf("-cpus: no cpu for %s", k))
+		}
+	}
+	if cfg.perf && cfg.warmup < time.Second {
+		bad = append(bad, "-perf profiles the warm-up: it needs -warmup >= 1s")
+	}
+	if cfg.nice < -20 || cfg.nice > 19 {
+		bad = append(bad, "-nice: want -20..19")
+	}
+	if cfg.duration < time.Second || cfg.warmup < 0 || cfg.rounds < 1 || cfg.conns < 1 || cfg.threads < 1 || cfg.threads > cfg.conns || cfg.primed < 1 || cfg.slowN < 1 {
+		bad = append(bad, "need -duration >= 1s, -warmup >= 0, -rounds >= 1, 1 <= -threads <= -conns, -primed >= 1, -slow-n >= 1")
+	}
+	if len(cfg.workloads) > 0 && len(cfg.delays) == 0 {
+		bad = append(bad, "-delays: none given")
+	}
+	if len(cfg.workloads) == 0 && !cfg.mem {
+		bad = append(bad, "-only: nothing to run")
+	}
+	cfg.maxStored = 1 << 20
+	for _, kv := range idemEnv {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			bad = append(bad, fmt.Sprintf("-idem-env: want KEY=VALUE, got %q", kv))
+			continue
+		}
+		if k == "MAX_STORED_RESPONSE_BYTES" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				bad = append(bad, fmt.Sprintf("-idem-env: MAX_STORED_RESPONSE_BYTES=%q is not an integer", v))
+			}
+			cfg.maxStored = n
+		}
+	}
+	cfg.idemEnv = idemEnv
+	cfg.memSlack = int64(*memSlackMiB * (1 << 20))
+	cfg.memLimit = *memLimitMiB << 20
+	cfg.bigBytes = 10 << 20
+	if len(bad) > 0 {
+		for _, m := range bad {
+			fmt.Fprintln(os.Stderr, "bench:", m)
+		}
+		return cfg, exitUsage
+	}
+	return cfg, -1
+}
+
+// bench holds the state of one run.
+type bench struct {
+	cfg     *config
+	procs   procs
+	started time.Time
+	runID   string
+	clkTck  int64
+	ncpu    int // cpus in /proc/stat
+
+	upstreamBin, bareBin, idemBin string
+	script                        string
+	redisAddr                     string
+	redis                         *proc
+	client                        *http.Client
+	wrk                           wrkRun
+
+	affinity map[string]string // role -> Cpus_allowed_list seen on a live process
+	notes    []string          // warnings printed under the table
+	profiles []string          // -perf reports, printed after the table
+}
+
+func (b *bench) main(ctx context.Context) int {
+	cfg := b.cfg
+	if err := b.setup(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return exitError
+	}
+	steal0, _ := readCPUTimes("cpu")
+	load0, _ := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(load0)); len(f) >= 3 {
+		load0 = []byte(strings.Join(f[:3], " "))
+	}
+
+	var results []result
+	for _, d := range cfg.delays {
+		if len(cfg.workloads) == 0 {
+			break
+		}
+		rs, err := b.delayGroup(ctx, d)
+		results = append(results, rs...)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			if len(results) == 0 || ctx.Err() != nil {
+				return exitError
+			}
+			b.notes = append(b.notes, "run stopped early: "+firstLine(err.Error()))
+			break
+		}
+	}
+	var mem []memResult
+	if cfg.mem && ctx.Err() == nil {
+		var err error
+		if mem, err = b.memChecks(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			if ctx.Err() != nil {
+				return exitError
+			}
+			b.notes = append(b.notes, "memory checks stopped early: "+firstLine(err.Error()))
+		}
+	}
+	steal1, _ := readCPUTimes("cpu")
+	b.report(os.Stdout, results, mem, steal1.sub(steal0), strings.TrimSpace(string(load0)))
+	for _, m := range mem {
+		if !m.pass {
+			return exitMemFail
+		}
+	}
+	return exitOK
+}
+
+func firstLine(s string) string { l, _, _ := strings.Cut(s, "\n"); return l }
+
+// setup checks the tools, builds the binaries, starts redis-server and pins
+// the driver itself to the load generator's cpu.
+func (b *bench) setup(ctx context.Context) error {
+	cfg := b.cfg
+	if err := ensureTools(ctx); err != nil {
+		return err
+	}
+	if _, err := exec.LookPath("perf"); cfg.perf && err != nil {
+		return errors.New("-perf: perf not found (Debian: apt-get install linux-perf)")
+	}
+	repo, err := filepath.Abs(cfg.repo)
+	if err != nil {
+		return err
+	}
+	cfg.repo = repo
+	if mod, err := os.ReadFile(filepath.Join(repo, "go.mod")); err != nil || !strings.Contains(string(mod), "module github.com/idemproxy/idemproxy\n") {
+		return fmt.Errorf("-repo %s: not the idemproxy repository root (no go.mod of github.com/idemproxy/idemproxy)", repo)
+	}
+	if cfg.workdir == "" {
+		if cfg.workdir, err = os.MkdirTemp("", "idemproxy-bench."); err != nil {
+			return err
+		}
+	}
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	b.runID = hex.EncodeToString(rnd[:])
+	b.clkTck = clockTicks()
+	b.ncpu = countCPUs()
+	b.client = &http.Client{
+		Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 64, DisableCompression: true},
+		Timeout:   30 * time.Second,
+	}
+	b.affinity = map[string]string{}
+
+	logf("building fake upstream and bare proxy")
+	if err := goBuild(ctx, repo, cfg.workdir, "./scripts/bench/upstream", "./scripts/bench/bareproxy"); err != nil {
+		return err
+	}
+	b.upstreamBin = filepath.Join(cfg.workdir, "upstream")
+	b.bareBin = filepath.Join(cfg.workdir, "bareproxy")
+	switch {
+	case cfg.idemBare:
+		b.idemBin = b.bareBin
+		logf("-idem-bare: a second bare proxy takes idemproxy's slot")
+	case cfg.idemBin != "":
+		if b.idemBin, err = filepath.Abs(cfg.idemBin); err != nil {
+			return err
+		}
+	default:
+		logf("building idemproxy from %s", repo)
+		b.idemBin = filepath.Join(cfg.workdir, "idemproxy")
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", b.idemBin, ".")
+		cmd.Dir = repo
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build -o %s . (idemproxy) failed: %w\n%s\n(use -idem-bare to test the harness alone)", b.idemBin, err, out)
+		}
+	}
+	b.script = filepath.Join(cfg.workdir, "workload.lua")
+	if err := os.WriteFile(b.script, []byte(workloadLua), 0o644); err != nil {
+		return err
+	}
+	b.procs.nice = cfg.nice
+	b.wrk = wrkRun{cpu: cfg.cpus["wrk"], nice: cfg.nice, threads: cfg.threads, conns: cfg.conns, script: b.script}
+
+	// From here on, the driver only waits; keep it off the proxy's cpu.
+	if out, err := exec.CommandContext(ctx, "taskset", "-a", "-p", "-c", cfg.cpus["wrk"], strconv.Itoa(os.Getpid())).CombinedOutput(); err != nil {
+		return fmt.Errorf("taskset -a -p -c %s %d: %w\n%s", cfg.cpus["wrk"], os.Getpid(), err, out)
+	}
+
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	b.redisAddr = fmt.Sprintf("127.0.0.1:%d", port)
+	b.redis, err = b.procs.start("redis-server", cfg.cpus["redis"], baseEnv(), filepath.Join(cfg.workdir, "redis.log"),
+		"redis-server", "--save", "", "--appendonly", "no", "--bind", "127.0.0.1", "--port", strconv.Itoa(port),
+		"--protected-mode", "yes", "--daemonize", "no")
+	if err != nil {
+		return err
+	}
+	if err := waitReady(ctx, b.redis, 10*time.Second, func() error {
+		r, err := redisDo(b.redisAddr, "PING")
+		if err == nil && r != "PONG" {
+			err = fmt.Errorf("PING answered %q", r)
+		}
+		return err
+	}); err != nil {
+		return err
+	}
+	b.noteAffinity("redis", b.redis)
+	return nil
+}
+
+// ensureTools finds wrk, redis-server and taskset, installing the first two
+// with apt-get when missing and running as root.
+func ensureTools(ctx context.Context) error {
+	if _, err := exec.LookPath("taskset"); err != nil {
+		return errors.New("taskset not found: install the util-linux package")
+	}
+	var missing []string
+	for _, t := range []struct{ bin, pkg string }{{"wrk", "wrk"}, {"redis-server", "redis-server"}} {
+		if _, err := exec.LookPath(t.bin); err != nil {
+			missing = append(missing, t.pkg)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	if _, err := exec.LookPath("apt-get"); err != nil || os.Geteuid() != 0 {
+		return fmt.Errorf("missing %s: install the package(s) %s (e.g. sudo apt-get install -y %s) and run again",
+			strings.Join(missing, ", "), strings.Join(missing, " "), strings.Join(missing, " "))
+	}
+	logf("installing %s with apt-get", strings.Join(missing, " "))
+	install := func() error {
+		cmd := exec.CommandContext(ctx, "apt-get", append([]string{"install", "-y"}, missing...)...)
+		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		return cmd.Run()
+	}
+	if err := install(); err != nil {
+		upd := exec.CommandContext(ctx, "apt-get", "update")
+		upd.Stdout, upd.Stderr = os.Stderr, os.Stderr
+		if err := upd.Run(); err != nil {
+			return fmt.Errorf("apt-get update: %w", err)
+		}
+		if err := install(); err != nil {
+			return fmt.Errorf("apt-get install -y %s: %w", strings.Join(missing, " "), err)
+		}
+	}
+	return nil
+}
+
+func goBuild(ctx context.Context, repo, outDir string, pkgs ...string) error {
+	cmd := exec.CommandContext(ctx, "go", append([]string{"build", "-o", outDir + "/"}, pkgs...)...)
+	cmd.Dir = repo
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %w\n%s", strings.Join(pkgs, " "), err, out)
+	}
+	return nil
+}
+
+// clockTicks returns USER_HZ, the unit of /proc/<pid>/stat times.
+func clockTicks() int64 {
+	out, err := exec.Command("getconf", "CLK_TCK").Output()
+	if err == nil {
+		if n, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64); err == nil && n > 0 {
+			return n
+		}
+	}
+	return 100
+}
+
+// countCPUs counts the cpuN lines of /proc/stat (runtime.NumCPU would count
+// only the cpus of the driver's affinity).
+func countCPUs() int {
+	b, err := os.ReadFile("/proc/stat")
+	n := 0
+	if err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if len(l) > 3 && strings.HasPrefix(l, "cpu") && l[3] >= '0' && l[3] <= '9' {
+				n++
+			}
+		}
+	}
+	return max(n, 1)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// baseEnv is the whole environment of a child: nothing of the caller's leaks
+// in (a stray KEY_PREFIX or ROUTES would change what is measured).
+func baseEnv() []string {
+	env := []string{"PATH=" + os.Getenv("PATH")}
+	if h := os.Getenv("HOME"); h != "" {
+		env = append(env, "HOME="+h)
+	}
+	return env
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+}
+
+// noteAffinity records the cpus the kernel lets p run on, for the report.
+func (b *bench) noteAffinity(role string, p *proc) {
+	b2, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.pid()))
+	if err != nil {
+		return
+	}
+	for _, l := range strings.Split(string(b2), "\n") {
+		if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok {
+			b.affinity[role] = strings.TrimSpace(v)
+		}
+	}
+}
+
+// ---- processes under test ----
+
+type upstream struct {
+	p   *proc
+	url string
+}
+
+func (b *bench) startUpstream(ctx context.Context, delay time.Duration) (*upstream, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	p, err := b.procs.start("upstream", b.cfg.cpus["upstream"], baseEnv(),
+		filepath.Join(b.cfg.workdir, fmt.Sprintf("upstream-%d.log", port)), b.upstreamBin,
+		"-listen", addr, "-delay", delay.String(), "-slow", b.cfg.slow.String(),
+		"-big-bytes", strconv.FormatInt(b.cfg.bigBytes, 10))
+	if err != nil {
+		return nil, err
+	}
+	u := &upstream{p: p, url: "http://" + addr}
+	if err := waitReady(ctx, p, 10*time.Second, func() error { return b.get(u.url + "/healthz") }); err != nil {
+		p.stop()
+		return nil, err
+	}
+	b.noteAffinity("upstream", p)
+	return u, nil
+}
+
+type upstreamStats struct{ hits, conns, inflightMax int64 }
+
+func (b *bench) upstreamStats(u *upstream, reset bool) (upstreamStats, error) {
+	url := u.url + "/stats"
+	if reset {
+		url += "?reset=1"
+	}
+	resp, err := b.client.Get(url)
+	if err != nil {
+		return upstreamStats{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return upstreamStats{}, err
+	}
+	var v struct {
+		Hits        int64 `json:"hits"`
+		Conns       int64 `json:"conns"`
+		InflightMax int64 `json:"inflight_max"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil {
+		return upstreamStats{}, fmt.Errorf("upstream /stats: %w", err)
+	}
+	s := upstreamStats{hits: v.Hits, conns: v.Conns, inflightMax: v.InflightMax}
+	return s, nil
+}
+
+// target is one proxy under test: "bare" or "idem".
+type target struct {
+	kind string
+	p    *proc
+	url  string
+}
+
+// startTarget starts a fresh proxy and waits until it is ready. A start that
+// fails is tried once more on new ports: freePort's port can be taken by
+// another program before the proxy binds it.
+func (b *bench) startTarget(ctx context.Context, kind string, up *upstream) (*target, error) {
+	t, err := b.startTargetOnce(ctx, kind, up)
+	if err != nil && ctx.Err() == nil {
+		logf("%s did not start, trying once more on new ports: %v", kind, err)
+		t, err = b.startTargetOnce(ctx, kind, up)
+	}
+	return t, err
+}
+
+func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream) (*target, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	logPath := filepath.Join(b.cfg.workdir, fmt.Sprintf("%s-%d.log", kind, port))
+	t := &target{kind: kind, url: "http://" + addr}
+	var ready func() error
+	if kind == "bare" || b.cfg.idemBare {
+		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], baseEnv(), logPath, b.bareBin,
+			"-listen", addr, "-upstream", up.url)
+		ready = func() error { return b.get(t.url + "/healthz") }
+	} else {
+		aport, err2 := freePort()
+		if err2 != nil {
+			return nil, err2
+		}
+		admin := fmt.Sprintf("127.0.0.1:%d", aport)
+		env := append(baseEnv(),
+			"UPSTREAM_URL="+up.url,
+			"LISTEN_ADDR="+addr,
+			"ADMIN_ADDR="+admin,
+			"REDIS_URL=redis://"+b.redisAddr,
+			"LOG_LEVEL=warn")
+		env = append(env, b.cfg.idemEnv...)
+		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], env, logPath, b.idemBin)
+		ready = func() error { return b.get("http://" + admin + "/readyz") }
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := waitReady(ctx, t.p, 15*time.Second, ready); err != nil {
+		t.p.stop()
+		return nil, err
+	}
+	b.noteAffinity("proxy", t.p)
+	return t, nil
+}
+
+// get succeeds on a 2xx answer.
+func (b *bench) get(url string) error {
+	resp, err := b.client.Get(url)
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return nil
+}
+
+const benchBody = `{"amount":1000,"currency":"eur","customer":"cus_bench","description":"benchmark order"}`
+
+type postResult struct {
+	status   int
+	replayed bool
+	n        int64
+}
+
+// post sends the workload's request with key (none when empty) to url.
+func (b *bench) post(ctx context.Context, url, key string) (postResult, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(benchBody))
+	if err != nil {
+		return postResult{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := b.client.Do(req)
+	if err != nil {
+		return postResult{}, err
+	}
+	defer resp.Body.Close()
+	n, err := io.Copy(io.Discard, resp.Body)
+	return postResult{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed") == "true", n: n}, err
+}
