@@ -21,6 +21,8 @@ type readiness struct {
 	logger zerolog.Logger
 	unsafe prometheus.Gauge
 
+	config []string // configuration warnings, known at start
+
 	mu       sync.Mutex
 	checked  bool
 	warnings []string
@@ -40,7 +42,7 @@ func (rd *readiness) check(ctx context.Context) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		rd.checked, rd.warnings = true, w
+		rd.checked, rd.warnings = true, append(append([]string{}, rd.config...), w...)
 		if len(w) > 0 {
 			rd.unsafe.Set(1)
 		}

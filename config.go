@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"reflect"
 	"slices"
@@ -31,6 +32,7 @@ type Config struct {
 	RedisTLS               bool          `env:"REDIS_TLS" envDefault:"false"`
 	RedisWaitReplicas      int           `env:"REDIS_WAIT_REPLICAS" envDefault:"0"`
 	RedisWaitTimeout       time.Duration `env:"REDIS_WAIT_TIMEOUT" envDefault:"1s"`
+	RedisAutoPipeline      bool          `env:"REDIS_AUTOPIPELINE" envDefault:"true"`
 	KeyPrefix              string        `env:"KEY_PREFIX" envDefault:"idem:"`
 	IdempotencyHeader      string        `env:"IDEMPOTENCY_HEADER" envDefault:"Idempotency-Key"`
 	Methods                []string      `env:"METHODS" envDefault:"POST" envSeparator:","`
@@ -51,6 +53,7 @@ type Config struct {
 	ShutdownTimeout        time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
 
 	// Derived by loadConfig.
+	warnings []string // allowed but risky settings, for the log and /readyz
 	upstream *url.URL
 	routes   []proxy.Route
 	level    zerolog.Level
@@ -161,13 +164,16 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 
 	if c.UpstreamURL != "" {
 		u, err := url.Parse(c.UpstreamURL)
+		shown := redactURL(c.UpstreamURL)
 		switch {
+		case err != nil && shown != c.UpstreamURL:
+			bad("UPSTREAM_URL=%q: malformed URL", shown)
 		case err != nil:
-			bad("UPSTREAM_URL=%q: %v", c.UpstreamURL, err)
+			bad("UPSTREAM_URL=%q: %v", shown, urlErrorReason(err))
 		case u.Scheme != "http" && u.Scheme != "https":
-			bad("UPSTREAM_URL=%q: scheme must be http or https", c.UpstreamURL)
+			bad("UPSTREAM_URL=%q: scheme must be http or https", shown)
 		case u.Host == "":
-			bad("UPSTREAM_URL=%q: no host", c.UpstreamURL)
+			bad("UPSTREAM_URL=%q: no host", shown)
 		default:
 			c.upstream = u
 		}
@@ -177,7 +183,12 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 	case "standalone":
 		if c.RedisURL != "" {
 			if _, err := redis.ParseURL(c.RedisURL); err != nil {
-				bad("REDIS_URL=%q: %v", redactURL(c.RedisURL), urlErrorReason(err))
+				if shown := redactURL(c.RedisURL); shown != c.RedisURL {
+					// The parser's message may quote parts of the password.
+					bad("REDIS_URL=%q: malformed URL", shown)
+				} else {
+					bad("REDIS_URL=%q: %v", shown, urlErrorReason(err))
+				}
 			}
 		}
 		if len(c.RedisAddrs) > 0 {
@@ -216,6 +227,10 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 	}
 	if c.IdempotencyHeader == "" || strings.ContainsAny(c.IdempotencyHeader, " \t:,") {
 		bad("IDEMPOTENCY_HEADER=%q: not a header name", c.IdempotencyHeader)
+	}
+	c.IdempotencyHeader = http.CanonicalHeaderKey(c.IdempotencyHeader)
+	if strings.ContainsAny(c.KeyPrefix, "{}") {
+		bad("KEY_PREFIX=%q: must not contain { or }: the proxy adds the Redis Cluster hash tag itself, and one in the prefix would put every key in one slot", c.KeyPrefix)
 	}
 	methods := make([]string, 0, len(c.Methods))
 	for _, m := range c.Methods {
@@ -289,8 +304,33 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 		}
 	}
 	c.routes = routes
+
+	// Allowed, but worth saying at start and in /readyz.
+	recordWindow := func(lock time.Duration, where string) {
+		if lock > c.UpstreamTimeout && lock-c.UpstreamTimeout < minRecordWindow {
+			c.warnings = append(c.warnings, fmt.Sprintf(
+				"%s leaves %v after UPSTREAM_TIMEOUT=%s to record the answer; below %v a slow answer may not be recorded before its claim expires, and its retry executes again",
+				where, lock-c.UpstreamTimeout, c.UpstreamTimeout, minRecordWindow))
+		}
+	}
+	recordWindow(c.LockTTL, "LOCK_TTL="+c.LockTTL.String())
+	for _, rt := range routes {
+		if rt.LockTTL != nil {
+			recordWindow(*rt.LockTTL, fmt.Sprintf("ROUTES rule %q", rt.Rule))
+		}
+	}
+	if c.ScopeHeaders == nil {
+		c.warnings = append(c.warnings, "SCOPE_HEADERS is empty: all callers share every key and can receive each other's recorded answers")
+	}
+	if c.FailMode == "open" {
+		c.warnings = append(c.warnings, "FAIL_MODE=open: while Redis is unreachable, requests are forwarded without any guarantee")
+	}
 	return p
 }
+
+// minRecordWindow is the time a claim should have left after the longest
+// upstream call, for the completion and its retries.
+const minRecordWindow = 5 * time.Second
 
 // urlErrorReason drops the URL that *url.Error repeats (it would show a
 // password) and keeps the reason.
@@ -302,19 +342,23 @@ func urlErrorReason(err error) error {
 	return err
 }
 
-// redactURL hides a password in a Redis URL before it reaches a message.
+// redactURL hides credentials in a URL before it reaches a message. A URL
+// holding "@" that does not parse cleanly into user info and host (a
+// password with "/", "?" or "#" makes Go read part of it as the path) is not
+// shown at all, only its scheme.
 func redactURL(s string) string {
+	if !strings.Contains(s, "@") {
+		return s
+	}
 	u, err := url.Parse(s)
-	if err != nil {
-		if strings.Contains(s, "@") {
-			return "(unparseable URL with credentials, not shown)"
-		}
-		return s
+	if err == nil && u.User != nil && !strings.Contains(u.Host+u.Path+u.RawQuery+u.Fragment, "@") {
+		return u.Redacted()
 	}
-	if u.User == nil {
-		return s
+	scheme, _, _ := strings.Cut(s, "://")
+	if len(scheme) > 10 || strings.ContainsAny(scheme, "@:/") {
+		scheme = "?"
 	}
-	return u.Redacted()
+	return scheme + "://(credentials and address not shown)"
 }
 
 // policy is the global idempotency policy, before ROUTES overrides.

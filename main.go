@@ -82,6 +82,7 @@ func newLogger(cfg *Config, out io.Writer) zerolog.Logger {
 type app struct {
 	logger    zerolog.Logger
 	store     *store
+	handler   *proxy.Handler
 	proxySrv  *http.Server
 	adminSrv  *http.Server
 	proxyAddr net.Addr
@@ -113,7 +114,12 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 	if cfg.RedisWaitReplicas > 0 {
 		storeOpts = append(storeOpts, claim.WaitReplicas(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout))
 	}
-	h, err := proxy.New(claim.NewStore(st.client, cfg.KeyPrefix, metrics.ObserveScript, storeOpts...), proxy.Options{
+	scripter, err := st.scripter(cfg)
+	if err != nil {
+		st.close()
+		return nil, err
+	}
+	h, err := proxy.New(claim.NewStore(scripter, cfg.KeyPrefix, metrics.ObserveScript, storeOpts...), proxy.Options{
 		Upstream:        cfg.upstream,
 		KeyHeader:       cfg.IdempotencyHeader,
 		Methods:         cfg.Methods,
@@ -131,7 +137,7 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 		st.close()
 		return nil, err
 	}
-	a := &app{logger: logger, store: st, failed: make(chan error, 2)}
+	a := &app{logger: logger, store: st, handler: h, failed: make(chan error, 2)}
 	handler := hlog.NewHandler(logger)(hlog.RequestIDHandler("request_id", "X-Request-Id")(h))
 	a.proxySrv = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: newStdLog(logger)}
@@ -141,7 +147,10 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 		return nil, fmt.Errorf("LISTEN_ADDR=%q: %w", cfg.ListenAddr, err)
 	}
 	a.proxyAddr = pl.Addr()
-	rd := &readiness{store: st, logger: logger, unsafe: unsafe}
+	rd := &readiness{store: st, logger: logger, unsafe: unsafe, config: cfg.warnings}
+	for _, msg := range cfg.warnings {
+		logger.Warn().Msg(msg)
+	}
 	if cfg.AdminAddr != "" {
 		al, err := net.Listen("tcp", cfg.AdminAddr)
 		if err != nil {
@@ -185,6 +194,7 @@ func (a *app) shutdown(timeout time.Duration) error {
 	a.logger.Info().Dur("timeout", timeout).Msg("shutting down: finishing in-flight requests")
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	a.handler.StopWaiting()
 	err := a.proxySrv.Shutdown(ctx)
 	if a.adminSrv != nil {
 		_ = a.adminSrv.Shutdown(ctx)

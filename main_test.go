@@ -157,6 +157,10 @@ func TestLoadConfigNeverShowsRedisPassword(t *testing.T) {
 		{"bad escape", []string{up, "REDIS_URL=redis://user:" + secret + "%zz@127.0.0.1:6379/0"}},
 		{"URL in sentinel mode", []string{up, "REDIS_MODE=sentinel", "REDIS_ADDRS=127.0.0.1:26379", "REDIS_URL=redis://user:" + secret + "@127.0.0.1:6379/0"}},
 		{"unparseable URL in cluster mode", []string{up, "REDIS_MODE=cluster", "REDIS_ADDRS=127.0.0.1:7000", "REDIS_URL=redis://:" + secret + "@127.0.0.1:bad/0"}},
+		{"slash in password", []string{up, "REDIS_URL=redis://default:8842/" + secret + "@redis:6379/0"}},
+		{"slash in password, port-like", []string{up, "REDIS_URL=redis://default:s3cr/etPW" + secret + "@redis:6379/0"}},
+		{"hash in password", []string{up, "REDIS_URL=redis://default:ab#" + secret + "@redis:6379/0"}},
+		{"question mark in password", []string{up, "REDIS_URL=redis://default:ab?" + secret + "@redis:6379/0"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -909,5 +913,48 @@ func (p *proc) wait(t *testing.T, timeout time.Duration) int {
 	case <-time.After(timeout):
 		t.Fatalf("process %d still running after %v", p.cmd.Process.Pid, timeout)
 		return -1
+	}
+}
+
+func TestLoadConfigNeverShowsUpstreamPassword(t *testing.T) {
+	const secret = "s3cretPW"
+	for _, v := range []string{
+		"http://user:" + secret + "@[bad/x",
+		"ftp://user:" + secret + "@legacy:80",
+		"http://user:ab/" + secret + "@legacy:80",
+	} {
+		_, err := loadConfig([]string{"UPSTREAM_URL=" + v})
+		if err == nil {
+			t.Errorf("UPSTREAM_URL=%q accepted", v)
+			continue
+		}
+		if strings.Contains(err.Error(), secret) || !strings.Contains(err.Error(), "UPSTREAM_URL") {
+			t.Errorf("UPSTREAM_URL=%q: error %q shows the password or does not name the variable", v, err)
+		}
+	}
+}
+
+func TestLoadConfigNormalisesAndWarns(t *testing.T) {
+	cfg, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9000", "IDEMPOTENCY_HEADER=idempotency-key",
+		"UPSTREAM_TIMEOUT=30s", "LOCK_TTL=32s", "ROUTES=POST /x lock=31s", "FAIL_MODE=open", "SCOPE_HEADERS="})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.IdempotencyHeader != "Idempotency-Key" {
+		t.Errorf("IDEMPOTENCY_HEADER = %q, want the canonical Idempotency-Key", cfg.IdempotencyHeader)
+	}
+	want := []string{"LOCK_TTL=32s leaves 2s", `ROUTES rule "POST /x lock=31s" leaves 1s`, "SCOPE_HEADERS is empty", "FAIL_MODE=open"}
+	all := strings.Join(cfg.warnings, "\n")
+	for _, w := range want {
+		if !strings.Contains(all, w) {
+			t.Errorf("warnings %q lack %q", cfg.warnings, w)
+		}
+	}
+	if _, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9000", "KEY_PREFIX=idem:{x}:"}); err == nil || !strings.Contains(err.Error(), `KEY_PREFIX="idem:{x}:"`) {
+		t.Errorf("KEY_PREFIX with a hash tag: error %v, want one naming it", err)
+	}
+	def, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9000"})
+	if err != nil || len(def.warnings) != 0 {
+		t.Errorf("defaults: warnings %q, err %v; want none", def.warnings, err)
 	}
 }

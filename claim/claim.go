@@ -33,6 +33,14 @@ var (
 	// ErrLost: the claim is no longer ours (its lock expired and it was taken
 	// over, or the record was removed); nothing was written.
 	ErrLost = errors.New("claim: lost")
+	// ErrExpired: Complete found no record at all: the lock expired before
+	// the answer could be recorded, and nobody has taken the key over yet.
+	// Nothing was written; the next request with the key executes. It also
+	// matches ErrLost.
+	ErrExpired = fmt.Errorf("%w: expired before completion", ErrLost)
+	// ErrBadRecord: the stored record could not be decoded (written by an
+	// incompatible version, or corrupted). It is not a Redis outage.
+	ErrBadRecord = errBadRecord
 	// ErrNotReplicated: with WaitReplicas, the claim was not acknowledged by
 	// enough replicas in time; it was released again. Treat it as Redis
 	// being unavailable.
@@ -170,6 +178,12 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, m
 	}
 	s.obs("claim", resultLabel(status, err), time.Since(start))
 	if err != nil {
+		// The script may have run and only its reply been lost: free the
+		// claim (best effort, briefly), or it would hold the key for its
+		// lock TTL and then count as a takeover though nothing ran.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 500*time.Millisecond)
+		_ = (&Lease{store: s, keys: keys, token: token}).Release(rctx)
+		cancel()
 		return nil, nil, fmt.Errorf("claim %s: %w", key, err)
 	}
 	switch status {
@@ -275,6 +289,11 @@ func (l *Lease) finish(script string, v any, err error, start time.Time) error {
 	case "ok":
 		return nil
 	case "lost":
+		return ErrLost
+	case "gone":
+		if script == "complete" {
+			return ErrExpired
+		}
 		return ErrLost
 	}
 	return fmt.Errorf("%s %s: unexpected status %q", script, l.keys[0], status)

@@ -329,3 +329,77 @@ func TestKeysShareHashTag(t *testing.T) {
 		}
 	}
 }
+
+// TestAutoPipeline: the store on go-redis's automatic pipeliner (the
+// default in idemproxy): one lease among racing claims, NOSCRIPT fallback
+// inside a batch, and a prompt error when Redis is gone.
+func TestAutoPipeline(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialerRetries: 1}) // as idemproxy sets them
+	t.Cleanup(func() { _ = rdb.Close() })
+	ap, err := rdb.AutoPipeline()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := claim.NewStore(ap, "test:", nil)
+	for round := range 5 {
+		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		key := claim.NewKey(nil, fmt.Sprint("ap", round))
+		var leases, inflight atomic.Int64
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range 50 {
+			wg.Go(func() {
+				<-start
+				lease, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+				switch {
+				case err == nil && lease != nil:
+					leases.Add(1)
+					if err := lease.Complete(ctx, &claim.Record{Status: 200}, time.Hour); err != nil {
+						t.Errorf("Complete: %v", err)
+					}
+				case errors.Is(err, claim.ErrInFlight):
+					inflight.Add(1)
+				case err == nil:
+					// replayed: the winner completed already
+				default:
+					t.Errorf("Acquire: %v", err)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if leases.Load() != 1 {
+			t.Fatalf("round %d: %d leases, want 1", round, leases.Load())
+		}
+	}
+	srv.Kill()
+	began := time.Now()
+	if _, _, err := s.Acquire(ctx, claim.NewKey(nil, "down"), fp("A"), time.Minute, time.Hour); err == nil {
+		t.Fatalf("Acquire with Redis down succeeded")
+	}
+	if took := time.Since(began); took > time.Second {
+		t.Errorf("Acquire with Redis down took %v", took)
+	}
+}
+
+// TestCompleteAfterExpiry: a claim that expired with nobody taking over is
+// reported as ErrExpired (the answer was not recorded), not as a takeover.
+func TestCompleteAfterExpiry(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			s := claim.NewStore(be.rdb, "test:", nil)
+			lease, _, err := s.Acquire(ctx, claim.NewKey(nil, "expired"), fp("A"), 100*time.Millisecond, time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			be.advance(t, 250*time.Millisecond)
+			err = lease.Complete(ctx, &claim.Record{Status: 200}, time.Hour)
+			if !errors.Is(err, claim.ErrExpired) || !errors.Is(err, claim.ErrLost) {
+				t.Errorf("Complete after expiry: got %v, want ErrExpired (an ErrLost)", err)
+			}
+		})
+	}
+}

@@ -135,7 +135,7 @@ func (e *env) newProxy(opts proxy.Options) (*proxy.Handler, *httptest.Server, *p
 	if err != nil {
 		e.t.Fatalf("proxy.New: %v", err)
 	}
-	srv := httptest.NewServer(hlog.NewHandler(logger)(h))
+	srv := httptest.NewServer(hlog.NewHandler(logger)(hlog.RequestIDHandler("request_id", "X-Request-Id")(h)))
 	e.t.Cleanup(srv.Close)
 	return h, srv, reg
 }

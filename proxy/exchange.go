@@ -26,6 +26,8 @@ const completionAttempts = 8
 
 type exchangeKey struct{}
 
+var errRequestSent = errors.New("proxy: request already written to the upstream; not resending it")
+
 // exchange is the ResponseWriter ReverseProxy writes a claimed request's
 // answer to. It tees the body to the client and to a bounded buffer. A failed
 // client write is remembered and later writes to the client are dropped, but
@@ -33,8 +35,6 @@ type exchangeKey struct{}
 // answer must be recorded so that the client's retry gets a replay.
 type exchange struct {
 	w         http.ResponseWriter
-	echoName  string
-	echoValue []string
 	max       int64
 	buf       *bytes.Buffer
 	noBody    bool        // body too large or streaming: recorded without it
@@ -45,6 +45,8 @@ type exchange struct {
 	clientErr error
 	upErr     error
 	gotConn   atomic.Bool // a connection was obtained: the request may have left
+	sent      atomic.Bool // the request's headers were written
+	keep      savedHeaders
 }
 
 var capturePool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -65,8 +67,7 @@ func (ex *exchange) WriteHeader(code int) {
 	if ex.status == 0 {
 		ex.status = code
 	}
-	// Set, not add: an upstream that echoes the key itself must not double it.
-	ex.w.Header()[ex.echoName] = ex.echoValue
+	ex.keep.restore(ex.w.Header())
 	ex.w.WriteHeader(code)
 }
 
@@ -125,11 +126,10 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	buf.Reset()
 	defer capturePool.Put(buf)
 	ex := &exchange{
-		w:         w,
-		echoName:  h.opts.KeyHeader,
-		echoValue: w.Header().Values(h.opts.KeyHeader),
-		max:       h.opts.MaxStoredBytes,
-		buf:       buf,
+		w:    w,
+		max:  h.opts.MaxStoredBytes,
+		buf:  buf,
+		keep: proxyHeaders(w.Header(), h.opts.KeyHeader),
 	}
 
 	// The client leaving must not cancel the upstream call: it runs to its
@@ -138,18 +138,36 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	defer cancel()
 	ctx = context.WithValue(ctx, exchangeKey{}, ex)
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		GotConn: func(httptrace.GotConnInfo) { ex.gotConn.Store(true) },
+		GotConn:      func(httptrace.GotConnInfo) { ex.gotConn.Store(true) },
+		WroteHeaders: func() { ex.sent.Store(true) },
 	})
 	out := r.WithContext(ctx)
 	out.Body = bodyReader(body)
 	out.ContentLength = int64(len(body))
 	out.TransferEncoding = nil
+	// The body is already here: waiting for "100 Continue" would only delay
+	// it (by a second, against upstreams that never send one).
+	if out.Header.Get("Expect") != "" {
+		out.Header = out.Header.Clone()
+		out.Header.Del("Expect")
+	}
 	// Lets the transport resend on a pooled connection that the upstream had
-	// already closed (nothing was written to it).
-	out.GetBody = func() (io.ReadCloser, error) { return bodyReader(body), nil }
+	// already closed before anything was written to it; never after.
+	out.GetBody = func() (io.ReadCloser, error) {
+		if ex.sent.Load() {
+			return nil, errRequestSent
+		}
+		return bodyReader(body), nil
+	}
 
 	start := time.Now()
+	// A client that reads slowly (or not at all) must not hold the upstream
+	// copy until UPSTREAM_TIMEOUT cuts it: past this deadline its writes fail,
+	// are dropped, and the answer is still read in full and recorded.
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(start.Add(h.opts.UpstreamTimeout * 3 / 4))
 	aborted := h.forward(ex, out)
+	_ = rc.SetWriteDeadline(time.Time{})
 	lg := hlog.FromRequest(r)
 	switch {
 	case !ex.headersAt.IsZero():
@@ -168,10 +186,11 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 		lg.Warn().Str("key_hash", res.keyHash).Msg("upstream answer broke off mid-body; claim kept until its lock TTL")
 		panic(http.ErrAbortHandler)
 	case ex.upErr != nil:
-		status, typ, title := classifyUpstreamError(ex.upErr)
+		neverLeft := !ex.gotConn.Load() || isDialError(ex.upErr)
+		status, typ, title := classifyUpstreamError(ex.upErr, !neverLeft)
 		res.status = status
-		detail := "The upstream did not answer: " + ex.upErr.Error() + "."
-		if !ex.gotConn.Load() || isDialError(ex.upErr) {
+		detail := title + "."
+		if neverLeft {
 			// The request never left: release, so a retry executes.
 			res.outcome = outcomeReleased
 			h.release(r, lease, res)
@@ -240,6 +259,11 @@ func (h *Handler) complete(r *http.Request, lease *claim.Lease, rec *claim.Recor
 		// Written on the master; a failover before it reaches a replica
 		// would lose it. Nothing to retry: the record is there.
 		lg.Warn().Err(err).Str("key_hash", res.keyHash).Msg("answer recorded but not yet acknowledged by REDIS_WAIT_REPLICAS replicas")
+	case errors.Is(err, claim.ErrExpired):
+		res.outcome = outcomeStoreError
+		h.metrics.recordFailures.Inc()
+		lg.Error().Str("key_hash", res.keyHash).
+			Msg("answer not recorded: the claim was no longer in Redis (its lock expired, or it was lost in a failover); a retry will execute again")
 	case errors.Is(err, claim.ErrLost):
 		// Our lock expired and another request took the key over: the fence
 		// kept us from overwriting its record.

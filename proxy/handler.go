@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -60,6 +61,17 @@ type Handler struct {
 	titleUse string // IETF draft titles, with the configured header name
 	titleOut string
 	titleMis string
+
+	stopWaits     chan struct{} // closed by StopWaiting
+	stopWaitsOnce sync.Once
+}
+
+// StopWaiting ends every WAIT_TIMEOUT wait at once with a 409 (the client
+// retries later and gets the replay from another replica). Call it when
+// shutting down: a wait must not hold SHUTDOWN_TIMEOUT when nothing runs
+// here.
+func (h *Handler) StopWaiting() {
+	h.stopWaitsOnce.Do(func() { close(h.stopWaits) })
 }
 
 // New returns a Handler that claims keys in store and forwards to
@@ -87,6 +99,8 @@ func New(store Store, opts Options) (*Handler, error) {
 		titleUse: opts.KeyHeader + " is already used",
 		titleOut: "A request is outstanding for this " + opts.KeyHeader,
 		titleMis: opts.KeyHeader + " is missing",
+
+		stopWaits: make(chan struct{}),
 	}
 	for _, m := range opts.Methods {
 		h.methods[m] = true
@@ -95,6 +109,7 @@ func New(store Store, opts Options) (*Handler, error) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(opts.Upstream)
 			pr.SetXForwarded()
+			hideIdempotencyKey(pr.Out.Header)
 		},
 		Transport:      opts.Transport,
 		BufferPool:     NewBufferPool(),
@@ -103,6 +118,22 @@ func New(store Store, opts Options) (*Handler, error) {
 		ErrorLog:       log.New(opts.Logger, "", 0),
 	}
 	return h, nil
+}
+
+// hideIdempotencyKey stores the Idempotency-Key headers under lower-case
+// map keys. net/http's Transport treats a request carrying the canonical
+// "Idempotency-Key" or "X-Idempotency-Key" as safe to send twice, and
+// resends it on a new connection when a pooled one breaks after the request
+// was written: the upstream would execute it twice. Header names are
+// case-insensitive on the wire, so the upstream sees the same header; the
+// Transport's check (an exact map lookup) no longer matches.
+func hideIdempotencyKey(h http.Header) {
+	for _, k := range [...]string{"Idempotency-Key", "X-Idempotency-Key"} {
+		if v, ok := h[k]; ok {
+			delete(h, k)
+			h[strings.ToLower(k)] = v
+		}
+	}
 }
 
 // result is what the access log and the metrics learn about one request.
@@ -204,6 +235,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		res.outcome, res.status = outcomeInFlight, http.StatusConflict
 		writeProblem(w, res.status, typeRequestOutstanding, h.titleOut,
 			"The first request with this key has not finished yet; retry later to get its answer.")
+	case errors.Is(err, claim.ErrBadRecord):
+		// Not an outage: failing open here would execute a completed key again.
+		res.outcome, res.status = outcomeStoreError, http.StatusInternalServerError
+		hlog.FromRequest(r).Error().Err(err).Str("key_hash", res.keyHash).Msg("stored record cannot be decoded")
+		writeProblem(w, res.status, typeRecordUnreadable, "Stored response cannot be read",
+			"A response was recorded for this key but cannot be decoded (written by an incompatible version?). It is not executed again.")
 	case r.Context().Err() != nil:
 		// The client left while we waited; nothing was claimed.
 		res.outcome, res.status = outcomeInFlight, 499
@@ -242,6 +279,9 @@ func (h *Handler) acquire(ctx context.Context, k claim.Key, fp claim.Fingerprint
 			t.Stop()
 			return nil, nil, ctx.Err()
 		case <-deadline.C:
+			t.Stop()
+			return nil, nil, claim.ErrInFlight
+		case <-h.stopWaits:
 			t.Stop()
 			return nil, nil, claim.ErrInFlight
 		case <-t.C:
@@ -342,9 +382,35 @@ func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record) int {
 
 // passthrough forwards without any idempotency handling, streaming the body.
 func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *result) {
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &statusWriter{ResponseWriter: w, keep: proxyHeaders(w.Header(), h.opts.KeyHeader)}
+	defer func() { // also when ReverseProxy aborts (panics) mid-body
+		res.status = sw.status
+		if res.status == 0 {
+			res.status = http.StatusBadGateway
+		}
+	}()
 	h.rp.ServeHTTP(sw, r)
-	res.status = sw.status
+}
+
+// proxyHeaders are the headers the proxy itself set on the answer before
+// forwarding (request id, key echo). ReverseProxy clears the header map after
+// relaying a 1xx answer; the final answer gets them back.
+type savedHeaders struct {
+	requestID, echo []string
+	echoName        string
+}
+
+func proxyHeaders(h http.Header, echoName string) savedHeaders {
+	return savedHeaders{requestID: h["X-Request-Id"], echo: h[echoName], echoName: echoName}
+}
+
+func (s savedHeaders) restore(h http.Header) {
+	if s.requestID != nil && h["X-Request-Id"] == nil {
+		h["X-Request-Id"] = s.requestID
+	}
+	if s.echo != nil {
+		h[s.echoName] = s.echo // set, not added: an upstream echo must not double it
+	}
 }
 
 // statusWriter remembers the status for the access log; Unwrap lets
@@ -352,11 +418,13 @@ func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *resul
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	keep   savedHeaders
 }
 
 func (s *statusWriter) WriteHeader(code int) {
 	if s.status == 0 && code >= 200 {
 		s.status = code
+		s.keep.restore(s.ResponseWriter.Header())
 	}
 	s.ResponseWriter.WriteHeader(code)
 }
@@ -378,18 +446,22 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 		ex.upErr = err
 		return
 	}
-	status, typ, title := classifyUpstreamError(err)
+	status, typ, title := classifyUpstreamError(err, !isDialError(err))
 	hlog.FromRequest(r).Warn().Err(err).Int("status", status).Msg("upstream request failed")
-	writeProblem(w, status, typ, title, "The upstream did not answer: "+err.Error()+".")
+	// The error text stays in the log: it names internal addresses.
+	writeProblem(w, status, typ, title, title+".")
 }
 
-func classifyUpstreamError(err error) (int, string, string) {
+// classifyUpstreamError maps a round-trip failure to an answer. A request
+// that never reached the upstream (no connection obtained, or the dial
+// failed) is "unreachable" (502) even when the dial ran into the timeout.
+func classifyUpstreamError(err error, mayHaveLeft bool) (int, string, string) {
+	if !mayHaveLeft {
+		return http.StatusBadGateway, typeUpstreamUnreachable, "Upstream is unreachable"
+	}
 	var ne net.Error
 	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
 		return http.StatusGatewayTimeout, typeUpstreamTimeout, "Upstream timed out"
-	}
-	if isDialError(err) {
-		return http.StatusBadGateway, typeUpstreamUnreachable, "Upstream is unreachable"
 	}
 	return http.StatusBadGateway, typeUpstreamFailed, "Upstream connection failed"
 }

@@ -20,6 +20,7 @@ const (
 	typeUpstreamTimeout     = "urn:idemproxy:problem:upstream-timeout"
 	typeUpstreamFailed      = "urn:idemproxy:problem:upstream-failed"
 	typeResponseNotStored   = "urn:idemproxy:problem:response-not-stored"
+	typeRecordUnreadable    = "urn:idemproxy:problem:record-unreadable"
 )
 
 type problem struct {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"net/http"
+	"path"
 	"strings"
 	"sync"
 	"time"
@@ -207,13 +208,16 @@ func (r *router) match(req *http.Request) *Route {
 	if len(r.routes) == 0 {
 		return nil
 	}
-	path := req.URL.RawPath
-	if path == "" {
-		path = req.URL.Path
+	// Match the decoded, cleaned path: /v1/pay%6Dents/x, //v1/payments/x and
+	// /v1/./payments/x must not slip past a rule for /v1/payments/*.
+	p := req.URL.Path
+	if p == "" || p[0] != '/' {
+		p = "/" + p
 	}
+	p = path.Clean(p)
 	rctx := r.ctxs.Get().(*chi.Context)
 	rctx.Reset()
-	pattern := r.mux.Find(rctx, req.Method, path)
+	pattern := r.mux.Find(rctx, req.Method, p)
 	r.ctxs.Put(rctx)
 	if pattern == "" {
 		return nil

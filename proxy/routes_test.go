@@ -90,6 +90,13 @@ func TestRouterMatch(t *testing.T) {
 		{"GET", "/v1/orders/42", ""},
 		{"POST", "/v1/orders", ""},
 		{"POST", "/other", ""},
+		// Other spellings of a covered path match the same rule.
+		{"POST", "/v1/pay%6Dents/abc", "/v1/payments/*"},
+		{"POST", "/v1/payments%2Fabc", "/v1/payments/*"},
+		{"POST", "//v1/payments/abc", "/v1/payments/*"},
+		{"POST", "/v1/./payments/abc", "/v1/payments/*"},
+		{"POST", "/v1/x/../payments/refunds", "/v1/payments/refunds"},
+		{"POST", "/v1/orders/42/", "/v1/orders/{id}"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.method+" "+tt.path, func(t *testing.T) {

@@ -6,12 +6,16 @@
 -- ARGV[2]  record      encoded response (binary-safe)
 -- ARGV[3]  TTL         ms; how long the completed record is kept and replayed
 --
--- Reply: {"ok"}, or {"lost"} when the record is gone or held under another
--- token (our lock expired and someone took over): nothing is written then.
--- Completing twice with the same token answers "ok" again (the client
--- resent the script after losing the reply); the token stays in the record
--- for that.
+-- Reply: {"ok"}; {"lost"} when the record is held under another token (our
+-- lock expired and another request took over); {"gone"} when there is no
+-- record (our lock expired, nobody took over yet). Nothing is written in
+-- either case. Completing twice with the same token answers "ok" again (the
+-- client resent the script after losing the reply); the token stays in the
+-- record for that.
 local cur = redis.call('HMGET', KEYS[1], 'st', 'tok')
+if not cur[1] then
+  return {'gone'}
+end
 if cur[2] ~= ARGV[1] then
   return {'lost'}
 end
