@@ -33,6 +33,7 @@ type Config struct {
 	RedisWaitReplicas      int           `env:"REDIS_WAIT_REPLICAS" envDefault:"0"`
 	RedisWaitTimeout       time.Duration `env:"REDIS_WAIT_TIMEOUT" envDefault:"1s"`
 	RedisAutoPipeline      bool          `env:"REDIS_AUTOPIPELINE" envDefault:"true"`
+	ReplayCacheBytes       int           `env:"REPLAY_CACHE_BYTES" envDefault:"16777216"`
 	KeyPrefix              string        `env:"KEY_PREFIX" envDefault:"idem:"`
 	IdempotencyHeader      string        `env:"IDEMPOTENCY_HEADER" envDefault:"Idempotency-Key"`
 	Methods                []string      `env:"METHODS" envDefault:"POST" envSeparator:","`
@@ -275,6 +276,9 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 	}
 	if c.MaxBodyBytes <= 0 && !failed["MAX_BODY_BYTES"] {
 		bad("MAX_BODY_BYTES=%q: must be above zero", value("MAX_BODY_BYTES", fmt.Sprint(c.MaxBodyBytes)))
+	}
+	if c.ReplayCacheBytes < 0 {
+		bad("REPLAY_CACHE_BYTES=%q: must not be negative (0 disables the cache)", value("REPLAY_CACHE_BYTES", fmt.Sprint(c.ReplayCacheBytes)))
 	}
 	if c.MaxStoredResponseBytes < 0 {
 		bad("MAX_STORED_RESPONSE_BYTES=%q: must not be negative", value("MAX_STORED_RESPONSE_BYTES", fmt.Sprint(c.MaxStoredResponseBytes)))

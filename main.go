@@ -29,6 +29,10 @@ import (
 // version is stamped at build time: -ldflags "-X main.version=...".
 var version = "dev"
 
+// replayCacheMaxAge bounds how long a replica replays a record from memory
+// after it was deleted from Redis by hand.
+const replayCacheMaxAge = time.Minute
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	go func() {
@@ -110,7 +114,7 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 	reg.MustRegister(buildInfo, unsafe)
 	metrics := proxy.NewMetrics(reg)
 
-	var storeOpts []claim.Option
+	storeOpts := []claim.Option{claim.ReplayCache(cfg.ReplayCacheBytes, replayCacheMaxAge)}
 	if cfg.RedisWaitReplicas > 0 {
 		storeOpts = append(storeOpts, claim.WaitReplicas(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout))
 	}

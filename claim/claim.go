@@ -55,8 +55,9 @@ var (
 
 // Observer is told how long each script call took and how it ended
 // (script is "claim", "complete" or "release"; result is the script's status,
-// or "error"). It lets the caller export metrics without this package
-// depending on a metrics library.
+// or "error"), and of each replay answered from the ReplayCache (script
+// "cache", result "hit", no duration). It lets the caller export metrics
+// without this package depending on a metrics library.
 type Observer func(script, result string, d time.Duration)
 
 // Store claims keys in one Redis (standalone, Sentinel or Cluster).
@@ -66,6 +67,7 @@ type Store struct {
 	obs          Observer
 	waitReplicas int
 	waitTimeout  time.Duration
+	cache        *replayCache
 }
 
 // Option configures a Store.
@@ -79,6 +81,20 @@ type Option func(*Store)
 // (ErrNotReplicated wrapped), the answer having been given already.
 func WaitReplicas(n int, timeout time.Duration) Option {
 	return func(s *Store) { s.waitReplicas, s.waitTimeout = n, timeout }
+}
+
+// ReplayCache keeps completed records this process has replayed in memory,
+// up to maxBytes in all, each for at most maxAge and never past its TTL in
+// Redis. A completed record never changes, so a repeated replay is then
+// answered without a Redis round trip. The price: a record deleted from
+// Redis by hand is still replayed here for up to maxAge. maxBytes <= 0
+// disables the cache.
+func ReplayCache(maxBytes int, maxAge time.Duration) Option {
+	return func(s *Store) {
+		if maxBytes > 0 && maxAge > 0 {
+			s.cache = newReplayCache(maxBytes, maxAge)
+		}
+	}
 }
 
 // NewStore returns a Store writing keys that start with prefix. obs may be nil.
@@ -162,6 +178,15 @@ type Lease struct {
 // lockTTL bounds the in-flight claim; markTTL is how long an abandoned claim
 // is remembered so that its takeover can be reported (use the record TTL).
 func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, markTTL time.Duration) (*Lease, *Record, error) {
+	if s.cache != nil {
+		if cfp, rec, ok := s.cache.get(key); ok {
+			s.obs("cache", "hit", 0)
+			if cfp != fp {
+				return nil, nil, ErrMismatch
+			}
+			return nil, rec, nil
+		}
+	}
 	token, err := newToken()
 	if err != nil {
 		return nil, nil, err
@@ -169,7 +194,7 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, m
 	keys := s.keys(key)
 	start := time.Now()
 	v, acked, err := s.run(ctx, claimScript, keys, token, fp[:], ms(lockTTL), ms(max(markTTL, lockTTL)))
-	status, arg, err := decodeReply(v, err)
+	status, args, err := decodeReply(v, err)
 	if err == nil && (status == "claimed" || status == "takeover") && acked < s.waitReplicas {
 		lease := &Lease{store: s, keys: keys, token: token}
 		_ = lease.Release(ctx) // best effort; the lock TTL frees it otherwise
@@ -190,15 +215,20 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, m
 	case "claimed":
 		return &Lease{store: s, keys: keys, token: token}, nil, nil
 	case "takeover":
-		age, perr := strconv.ParseInt(arg, 10, 64)
+		age, perr := strconv.ParseInt(args[0], 10, 64)
 		if perr != nil {
-			return nil, nil, fmt.Errorf("claim %s: bad takeover age %q: %w", key, arg, perr)
+			return nil, nil, fmt.Errorf("claim %s: bad takeover age %q: %w", key, args[0], perr)
 		}
 		return &Lease{store: s, keys: keys, token: token, TakenOver: true, TakeoverAge: time.Duration(age) * time.Millisecond}, nil, nil
 	case "replay":
-		rec, derr := DecodeRecord([]byte(arg))
+		rec, derr := DecodeRecord([]byte(args[0]))
 		if derr != nil {
 			return nil, nil, fmt.Errorf("claim %s: %w", key, derr)
+		}
+		if s.cache != nil {
+			if pttl, perr := strconv.ParseInt(args[1], 10, 64); perr == nil && pttl > 0 {
+				s.cache.put(key, fp, rec, time.Duration(pttl)*time.Millisecond)
+			}
 		}
 		return nil, rec, nil
 	case "inflight":
@@ -299,25 +329,25 @@ func (l *Lease) finish(script string, v any, err error, start time.Time) error {
 	return fmt.Errorf("%s %s: unexpected status %q", script, l.keys[0], status)
 }
 
-// decodeReply checks the shape of a script reply: an array of one or two
+// decodeReply checks the shape of a script reply: an array of one to three
 // strings, the first a status.
-func decodeReply(v any, err error) (status, arg string, _ error) {
+func decodeReply(v any, err error) (status string, args [2]string, _ error) {
 	if err != nil {
-		return "", "", err
+		return "", args, err
 	}
 	arr, ok := v.([]any)
-	if !ok || len(arr) < 1 || len(arr) > 2 {
-		return "", "", fmt.Errorf("bad script reply %T %v", v, v)
+	if !ok || len(arr) < 1 || len(arr) > 3 {
+		return "", args, fmt.Errorf("bad script reply %T %v", v, v)
 	}
 	if status, ok = arr[0].(string); !ok {
-		return "", "", fmt.Errorf("bad script reply status %T", arr[0])
+		return "", args, fmt.Errorf("bad script reply status %T", arr[0])
 	}
-	if len(arr) == 2 {
-		if arg, ok = arr[1].(string); !ok {
-			return "", "", fmt.Errorf("bad script reply argument %T", arr[1])
+	for i, a := range arr[1:] {
+		if args[i], ok = a.(string); !ok {
+			return "", args, fmt.Errorf("bad script reply argument %d: %T", i+1, a)
 		}
 	}
-	return status, arg, nil
+	return status, args, nil
 }
 
 func resultLabel(status string, err error) string {

@@ -403,3 +403,42 @@ func TestCompleteAfterExpiry(t *testing.T) {
 		})
 	}
 }
+
+// TestReplayCache: a replayed record is then answered from memory (even
+// with Redis gone), mismatches are still refused, and nothing outlives the
+// record's TTL in Redis.
+func TestReplayCache(t *testing.T) {
+	srv := redistest.Start(t)
+	var hits atomic.Int64
+	s := claim.NewStore(srv.Client(), "test:", func(script, result string, _ time.Duration) {
+		if script == "cache" && result == "hit" {
+			hits.Add(1)
+		}
+	}, claim.ReplayCache(1<<20, time.Minute))
+	key := claim.NewKey(nil, "cached")
+	lease, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Complete(ctx, &claim.Record{Status: 201, Body: []byte("first")}, 400*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if _, rec, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); err != nil || string(rec.Body) != "first" {
+		t.Fatalf("replay from Redis: %v %v", rec, err)
+	}
+	srv.Kill()
+	if _, rec, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); err != nil || string(rec.Body) != "first" {
+		t.Fatalf("replay from the cache with Redis down: %v %v", rec, err)
+	}
+	if _, _, err := s.Acquire(ctx, key, fp("B"), time.Minute, time.Hour); !errors.Is(err, claim.ErrMismatch) {
+		t.Errorf("other fingerprint from the cache: %v, want ErrMismatch", err)
+	}
+	if hits.Load() != 2 {
+		t.Errorf("cache hits %d, want 2", hits.Load())
+	}
+	srv.Restart()
+	time.Sleep(500 * time.Millisecond) // past the record's 400ms TTL
+	if lease, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); err != nil || lease == nil {
+		t.Errorf("after the TTL: %v %v, want a fresh claim (not a cached replay)", lease, err)
+	}
+}

@@ -106,3 +106,68 @@ func BenchmarkHandlerReplay(b *testing.B) {
 		serve(b, h, "same")
 	}
 }
+
+// fakeScripter answers the claim scripts in memory with fixed replies, so a
+// benchmark sees the proxy's own cost and no Redis at all.
+type fakeScripter struct{ reply []any }
+
+func (f fakeScripter) cmd(ctx context.Context) *redis.Cmd {
+	return redis.NewCmdResult(f.reply, nil)
+}
+func (f fakeScripter) Eval(ctx context.Context, _ string, _ []string, _ ...any) *redis.Cmd {
+	return f.cmd(ctx)
+}
+func (f fakeScripter) EvalSha(ctx context.Context, _ string, _ []string, _ ...any) *redis.Cmd {
+	return f.cmd(ctx)
+}
+func (f fakeScripter) EvalRO(ctx context.Context, _ string, _ []string, _ ...any) *redis.Cmd {
+	return f.cmd(ctx)
+}
+func (f fakeScripter) EvalShaRO(ctx context.Context, _ string, _ []string, _ ...any) *redis.Cmd {
+	return f.cmd(ctx)
+}
+func (f fakeScripter) ScriptExists(ctx context.Context, _ ...string) *redis.BoolSliceCmd {
+	return redis.NewBoolSliceResult([]bool{true}, nil)
+}
+func (f fakeScripter) ScriptLoad(ctx context.Context, _ string) *redis.StringCmd {
+	return redis.NewStringResult("", nil)
+}
+
+// claimAndCompleteOK answers "claimed" to the claim script and "ok" to
+// complete (both are answered by the same fake: the proxy only reads the
+// status, and "claimed"/"ok" are both first elements).
+type scriptByArgs struct{}
+
+func (scriptByArgs) reply(args []any) []any {
+	if len(args) == 4 { // claim: token, fp, lock, mark
+		return []any{"claimed"}
+	}
+	return []any{"ok"}
+}
+
+type phaseScripter struct{ fakeScripter }
+
+func (p phaseScripter) EvalSha(ctx context.Context, _ string, _ []string, args ...any) *redis.Cmd {
+	return redis.NewCmdResult(scriptByArgs{}.reply(args), nil)
+}
+
+// BenchmarkHandlerOwnCost: the whole handler for a first request (claim,
+// forward, record), with Redis and upstream answered in memory: what the
+// proxy itself costs per request, and its allocations.
+func BenchmarkHandlerOwnCost(b *testing.B) {
+	u, _ := url.Parse("http://upstream.invalid")
+	h, err := New(claim.NewStore(phaseScripter{}, "idem:", nil), Options{
+		Upstream: u, KeyHeader: "Idempotency-Key", Methods: []string{"POST"},
+		Default:      Policy{TTL: time.Hour, LockTTL: time.Minute},
+		MaxKeyLength: 255, MaxBodyBytes: 1 << 20, MaxStoredBytes: 1 << 20,
+		ScopeHeaders: []string{"Authorization"}, UpstreamTimeout: 10 * time.Second,
+		Transport: roundTripperFunc(memoryUpstream),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		serve(b, h, "k")
+	}
+}

@@ -372,7 +372,7 @@ func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record) int {
 	}
 	echo := hdr.Values(h.opts.KeyHeader)
 	for k, vv := range recordableHeader(rec.Header) {
-		hdr[k] = vv
+		hdr[k] = vv[:len(vv):len(vv)] // the record may be shared (ReplayCache): appends must copy
 	}
 	hdr[h.opts.KeyHeader] = echo
 	w.WriteHeader(rec.Status)

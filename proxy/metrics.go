@@ -34,6 +34,7 @@ type Metrics struct {
 	inflight       prometheus.Gauge
 	recordFailures prometheus.Counter
 	takeoverAge    prometheus.Histogram
+	cacheHits      prometheus.Counter
 }
 
 // NewMetrics creates the series and registers them with reg.
@@ -70,13 +71,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Age of the abandoned claim when a request took it over.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
 		}),
+		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemproxy_replay_cache_hits_total",
+			Help: "Replays answered from this process's memory, without a Redis round trip.",
+		}),
 	}
-	reg.MustRegister(m.requests, m.responses, m.upstream, m.script, m.inflight, m.recordFailures, m.takeoverAge)
+	reg.MustRegister(m.requests, m.responses, m.upstream, m.script, m.inflight, m.recordFailures, m.takeoverAge, m.cacheHits)
 	return m
 }
 
 // ObserveScript has the signature of claim.Observer.
 func (m *Metrics) ObserveScript(script, result string, d time.Duration) {
+	if script == "cache" {
+		m.cacheHits.Inc()
+		return
+	}
 	m.script.WithLabelValues(script, result).Observe(d.Seconds())
 }
 

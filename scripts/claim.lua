@@ -13,14 +13,16 @@
 --                               completing; age is the time since that claim
 --   {"mismatch"}                key is held (in flight or completed) for another fingerprint
 --   {"inflight", "<pttl ms>"}   key is in flight for this fingerprint
---   {"replay", "<record>"}      key is completed for this fingerprint; the encoded record
+--   {"replay", "<record>", "<pttl ms>"}
+--                               key is completed for this fingerprint: the encoded
+--                               record, and how long Redis keeps it still
 local cur = redis.call('HMGET', KEYS[1], 'st', 'fp', 'rec', 'tok')
 if cur[1] then
   if cur[2] ~= ARGV[2] then
     return {'mismatch'}
   end
   if cur[1] == 'c' then
-    return {'replay', cur[3]}
+    return {'replay', cur[3], tostring(redis.call('PTTL', KEYS[1]))}
   end
   if cur[4] == ARGV[1] then
     -- Our own claim: the client resent the script after losing the reply.

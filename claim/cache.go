@@ -1,0 +1,98 @@
+package claim
+
+import (
+	"sync"
+	"time"
+)
+
+// replayCache holds completed records by key, bounded in bytes, oldest
+// insertion evicted first. Records in it are shared and must not be
+// modified.
+type replayCache struct {
+	maxBytes int
+	maxAge   time.Duration
+
+	mu    sync.Mutex
+	size  int
+	m     map[Key]*cacheEntry
+	queue []queued // insertion order, for eviction; may hold entries already gone
+	head  int
+}
+
+type queued struct {
+	k Key
+	e *cacheEntry
+}
+
+type cacheEntry struct {
+	fp      Fingerprint
+	rec     *Record
+	expires time.Time
+	size    int
+}
+
+func newReplayCache(maxBytes int, maxAge time.Duration) *replayCache {
+	return &replayCache{maxBytes: maxBytes, maxAge: maxAge, m: map[Key]*cacheEntry{}}
+}
+
+func (c *replayCache) get(k Key) (Fingerprint, *Record, bool) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[k]
+	if !ok {
+		return Fingerprint{}, nil, false
+	}
+	if !now.Before(e.expires) {
+		c.remove(k, e)
+		return Fingerprint{}, nil, false
+	}
+	return e.fp, e.rec, true
+}
+
+// put caches rec for at most ttl (its remaining lifetime in Redis).
+func (c *replayCache) put(k Key, fp Fingerprint, rec *Record, ttl time.Duration) {
+	size := recordSize(rec)
+	if size > c.maxBytes/8 { // one large answer must not flush everything else
+		return
+	}
+	e := &cacheEntry{fp: fp, rec: rec, expires: time.Now().Add(min(ttl, c.maxAge)), size: size}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.m[k]; ok {
+		c.remove(k, old)
+	}
+	c.m[k] = e
+	c.size += size
+	c.queue = append(c.queue, queued{k, e})
+	for c.size > c.maxBytes && c.head < len(c.queue) {
+		v := c.queue[c.head]
+		c.queue[c.head] = queued{}
+		c.head++
+		if c.m[v.k] == v.e { // not replaced or removed since
+			c.remove(v.k, v.e)
+		}
+	}
+	// Compact the queue once its consumed head dominates it.
+	if c.head > 1024 && c.head > len(c.queue)/2 {
+		c.queue = append(c.queue[:0:0], c.queue[c.head:]...)
+		c.head = 0
+	}
+}
+
+func (c *replayCache) remove(k Key, e *cacheEntry) {
+	delete(c.m, k)
+	c.size -= e.size
+}
+
+// recordSize approximates the memory a record holds.
+func recordSize(r *Record) int {
+	n := 128 + len(r.Body)
+	for k, vv := range r.Header {
+		n += len(k) + 16
+		for _, v := range vv {
+			n += len(v) + 16
+		}
+	}
+	return n
+}
