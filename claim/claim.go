@@ -12,6 +12,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -116,27 +117,16 @@ type Key [sha256.Size]byte
 // NewKey hashes the scope values and the idempotency key. Each part is length
 // prefixed, so ("ab","c") and ("a","bc") are different scopes.
 func NewKey(scope []string, key string) Key {
-	h := sha256.New()
-	var n [binaryLenSize]byte
+	var stack [512]byte // typical scope and key fit: no allocation
+	b := stack[:0]
 	for _, s := range scope {
-		h.Write(putLen(n[:], len(s)))
-		h.Write([]byte(s))
+		b = binary.LittleEndian.AppendUint64(b, uint64(len(s)))
+		b = append(b, s...)
 	}
-	h.Write([]byte{0xff}) // separates scope from key even with zero scope values
-	h.Write(putLen(n[:], len(key)))
-	h.Write([]byte(key))
-	var k Key
-	h.Sum(k[:0])
-	return k
-}
-
-const binaryLenSize = 8
-
-func putLen(b []byte, n int) []byte {
-	for i := range binaryLenSize {
-		b[i] = byte(uint64(n) >> (8 * i))
-	}
-	return b
+	b = append(b, 0xff) // separates scope from key even with zero scope values
+	b = binary.LittleEndian.AppendUint64(b, uint64(len(key)))
+	b = append(b, key...)
+	return Key(sha256.Sum256(b))
 }
 
 // String is a short form of the hash for logs (never the key itself).

@@ -171,3 +171,44 @@ func BenchmarkHandlerOwnCost(b *testing.B) {
 		serve(b, h, "k")
 	}
 }
+
+// replayScripter answers every claim with a completed record.
+type replayScripter struct {
+	fakeScripter
+	rec string
+}
+
+func (p replayScripter) EvalSha(ctx context.Context, _ string, _ []string, args ...any) *redis.Cmd {
+	return redis.NewCmdResult([]any{"replay", p.rec, "3600000"}, nil)
+}
+
+// BenchmarkHandlerReplayCached: a replay answered from the ReplayCache, no
+// Redis and no upstream: the proxy's whole cost for a cached replay.
+func BenchmarkHandlerReplayCached(b *testing.B) {
+	u, _ := url.Parse("http://upstream.invalid")
+	rec := (&claim.Record{Status: 201, Header: map[string][]string{
+		"Content-Type": {"application/json"}, "Content-Length": {"200"}, "Date": {"Sun, 22 Nov 2026 00:47:57 GMT"},
+	}, Body: []byte(upstreamBody)}).Encode()
+	h, err := New(claim.NewStore(replayScripter{rec: string(rec)}, "idem:", nil, claim.ReplayCache(1<<20, time.Minute)), Options{
+		Upstream: u, KeyHeader: "Idempotency-Key", Methods: []string{"POST"},
+		Default:      Policy{TTL: time.Hour, LockTTL: time.Minute},
+		MaxKeyLength: 255, MaxBodyBytes: 1 << 20, MaxStoredBytes: 1 << 20,
+		ScopeHeaders: []string{"Authorization"}, UpstreamTimeout: 10 * time.Second,
+		Transport: roundTripperFunc(memoryUpstream),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	body := `{"amount":100}`
+	b.ReportAllocs()
+	for b.Loop() {
+		r := httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/orders", strings.NewReader(body))
+		r.Header.Set("Idempotency-Key", "same")
+		r.Header.Set("Authorization", "Bearer sk_test")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != http.StatusCreated {
+			b.Fatalf("status %d", w.Code)
+		}
+	}
+}

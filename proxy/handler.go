@@ -151,8 +151,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	res := result{route: "default", upstreamMS: -1}
 	defer func() {
 		h.metrics.inflight.Dec()
-		h.metrics.requests.WithLabelValues(res.route, res.outcome).Inc()
-		h.metrics.responses.WithLabelValues(res.route, strconv.Itoa(res.status)).Inc()
+		h.metrics.count(h.metrics.requests, "requests", res.route, res.outcome)
+		h.metrics.count(h.metrics.responses, "responses", res.route, statusText(res.status))
 		ev := hlog.FromRequest(r).Info().
 			Str("method", r.Method).
 			Str("route", res.route).
@@ -196,7 +196,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Stripe echoes the key on every answer to a keyed request.
-	w.Header().Set(h.opts.KeyHeader, r.Header.Get(h.opts.KeyHeader))
+	// (The request's own one-element slice: parseKey saw exactly one value.)
+	w.Header()[h.opts.KeyHeader] = r.Header.Values(h.opts.KeyHeader)
 
 	body, err := h.readBody(r)
 	if err != nil {
@@ -212,7 +213,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fp := fingerprint(r, body)
-	k := claim.NewKey(h.scope(r), key)
+	var scopeBuf [4]string
+	k := claim.NewKey(h.scope(r, scopeBuf[:]), key)
 	res.keyHash = k.String()
 
 	lease, rec, err := h.acquire(r.Context(), k, fp, pol)
@@ -331,23 +333,34 @@ func bodyReader(b []byte) io.ReadCloser {
 // sent (not reordered) and the body; NUL separates the fields, which none of
 // the first three can contain.
 func fingerprint(r *http.Request, body []byte) claim.Fingerprint {
+	var stack [4096]byte // small requests are hashed in one go, without allocating
+	b := append(stack[:0], r.Method...)
+	b = append(b, 0)
+	b = append(b, r.URL.EscapedPath()...)
+	b = append(b, 0)
+	b = append(b, r.URL.RawQuery...)
+	b = append(b, 0)
+	if len(b)+len(body) <= len(stack) {
+		return sha256.Sum256(append(b, body...))
+	}
 	h := sha256.New()
-	io.WriteString(h, r.Method)
-	h.Write([]byte{0})
-	io.WriteString(h, r.URL.EscapedPath())
-	h.Write([]byte{0})
-	io.WriteString(h, r.URL.RawQuery)
-	h.Write([]byte{0})
+	h.Write(b)
 	h.Write(body)
 	var fp claim.Fingerprint
 	h.Sum(fp[:0])
 	return fp
 }
 
+// replayedTrue is shared by every replay; nothing appends to it.
+var replayedTrue = []string{"true"}[:1:1]
+
 // scope returns the SCOPE_HEADERS values, one entry per header (all its
 // values joined), "" for an absent header.
-func (h *Handler) scope(r *http.Request) []string {
-	vals := make([]string, len(h.opts.ScopeHeaders))
+func (h *Handler) scope(r *http.Request, buf []string) []string {
+	vals := buf[:0]
+	for range h.opts.ScopeHeaders {
+		vals = append(vals, "")
+	}
 	for i, name := range h.opts.ScopeHeaders {
 		switch vv := r.Header.Values(name); len(vv) {
 		case 0:
@@ -363,7 +376,7 @@ func (h *Handler) scope(r *http.Request) []string {
 // replay writes a recorded answer.
 func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record) int {
 	hdr := w.Header()
-	hdr.Set("Idempotent-Replayed", "true")
+	hdr["Idempotent-Replayed"] = replayedTrue
 	if rec.BodyNotStored {
 		writeProblem(w, rec.Status, typeResponseNotStored, "Original response too large to replay",
 			"The first request with this key was executed and answered with status "+strconv.Itoa(rec.Status)+
@@ -371,9 +384,7 @@ func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record) int {
 		return rec.Status
 	}
 	echo := hdr.Values(h.opts.KeyHeader)
-	for k, vv := range recordableHeader(rec.Header) {
-		hdr[k] = vv[:len(vv):len(vv)] // the record may be shared (ReplayCache): appends must copy
-	}
+	copyRecordable(hdr, rec.Header)
 	hdr[h.opts.KeyHeader] = echo
 	w.WriteHeader(rec.Status)
 	_, _ = w.Write(rec.Body) // a failed write means the client left; it can retry

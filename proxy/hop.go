@@ -54,3 +54,31 @@ outer:
 	}
 	return out
 }
+
+// copyRecordable copies a recorded header into dst, skipping what
+// recordableHeader would drop, without building an intermediate map. The
+// value slices are shared with the record (which the ReplayCache may share
+// between requests), capped so that an append copies instead of writing
+// into the record.
+func copyRecordable(dst http.Header, rec map[string][]string) {
+	conn := rec["Connection"]
+outer:
+	for k, vv := range rec {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			continue
+		}
+		for _, hop := range hopHeaders {
+			if k == hop {
+				continue outer
+			}
+		}
+		for _, v := range conn {
+			for f := range strings.SplitSeq(v, ",") {
+				if http.CanonicalHeaderKey(textproto.TrimString(f)) == k {
+					continue outer
+				}
+			}
+		}
+		dst[k] = vv[:len(vv):len(vv)]
+	}
+}

@@ -28,6 +28,11 @@ func TestRecordableHeader(t *testing.T) {
 		"Location":     {"/orders/1"},
 	}
 	if got := recordableHeader(in); !reflect.DeepEqual(got, want) {
-		t.Errorf("got %v, want %v", got, want)
+		t.Errorf("recordableHeader: got %v, want %v", got, want)
+	}
+	dst := http.Header{}
+	copyRecordable(dst, in)
+	if !reflect.DeepEqual(map[string][]string(dst), want) {
+		t.Errorf("copyRecordable: got %v, want %v", dst, want)
 	}
 }

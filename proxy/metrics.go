@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,11 +36,32 @@ type Metrics struct {
 	recordFailures prometheus.Counter
 	takeoverAge    prometheus.Histogram
 	cacheHits      prometheus.Counter
+
+	mu      sync.RWMutex
+	counted map[[3]string]prometheus.Counter // (family, route, label) -> series
+}
+
+// count increments a request or response series. The series are looked up
+// by label values once and kept: WithLabelValues hashes its labels on every
+// call, and there are few combinations (routes are ROUTES patterns).
+func (m *Metrics) count(vec *prometheus.CounterVec, family, route, label string) {
+	k := [3]string{family, route, label}
+	m.mu.RLock()
+	c, ok := m.counted[k]
+	m.mu.RUnlock()
+	if !ok {
+		c = vec.WithLabelValues(route, label)
+		m.mu.Lock()
+		m.counted[k] = c
+		m.mu.Unlock()
+	}
+	c.Inc()
 }
 
 // NewMetrics creates the series and registers them with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
+		counted: map[[3]string]prometheus.Counter{},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_requests_total",
 			Help: "Requests handled, by ROUTES pattern (\"default\" when no rule matched) and outcome.",
@@ -96,3 +118,18 @@ func (m *Metrics) observeUpstream(route string, status int, d time.Duration) {
 	}
 	m.upstream.WithLabelValues(route, class).Observe(d.Seconds())
 }
+
+// statusText is strconv.Itoa without an allocation for the usual codes.
+func statusText(code int) string {
+	if code >= 100 && code < 600 {
+		return statusCodes[code-100]
+	}
+	return strconv.Itoa(code)
+}
+
+var statusCodes = func() (s [500]string) {
+	for i := range s {
+		s[i] = strconv.Itoa(i + 100)
+	}
+	return s
+}()
