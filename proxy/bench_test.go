@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -207,6 +208,28 @@ func BenchmarkHandlerReplayCached(b *testing.B) {
 		r.Header.Set("Authorization", "Bearer sk_test")
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
+		if w.Code != http.StatusCreated {
+			b.Fatalf("status %d", w.Code)
+		}
+	}
+}
+
+// BenchmarkBareReverseProxy is the reference for BenchmarkHandlerOwnCost:
+// the same request through a plain httputil.ReverseProxy.
+func BenchmarkBareReverseProxy(b *testing.B) {
+	u, _ := url.Parse("http://upstream.invalid")
+	rp := &httputil.ReverseProxy{
+		Rewrite:    func(pr *httputil.ProxyRequest) { pr.SetURL(u); pr.SetXForwarded() },
+		Transport:  roundTripperFunc(memoryUpstream),
+		BufferPool: NewBufferPool(),
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		r := httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/orders", strings.NewReader(`{"amount":100}`))
+		r.Header.Set("Idempotency-Key", "k")
+		r.Header.Set("Authorization", "Bearer sk_test")
+		w := httptest.NewRecorder()
+		rp.ServeHTTP(w, r)
 		if w.Code != http.StatusCreated {
 			b.Fatalf("status %d", w.Code)
 		}
