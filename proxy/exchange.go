@@ -163,9 +163,10 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	start := time.Now()
 	// A client that reads slowly (or not at all) must not hold the upstream
 	// copy until UPSTREAM_TIMEOUT cuts it: past this deadline its writes fail,
-	// are dropped, and the answer is still read in full and recorded.
+	// are dropped, and the answer is still read in full and recorded, with
+	// the other half of UPSTREAM_TIMEOUT left for that.
 	rc := http.NewResponseController(w)
-	_ = rc.SetWriteDeadline(start.Add(h.opts.UpstreamTimeout * 3 / 4))
+	_ = rc.SetWriteDeadline(start.Add(h.opts.UpstreamTimeout / 2))
 	aborted := h.forward(ex, out)
 	_ = rc.SetWriteDeadline(time.Time{})
 	lg := hlog.FromRequest(r)

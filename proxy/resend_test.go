@@ -55,13 +55,19 @@ func TestTransportNeverResendsAWrittenKeyedRequest(t *testing.T) {
 	}
 }
 
+// TestStalledClientDoesNotBlockRecording: a client that stops reading must
+// not hold the upstream copy until UPSTREAM_TIMEOUT cuts it (which would
+// leave the answer unrecorded, and its retry would execute again).
 func TestStalledClientDoesNotBlockRecording(t *testing.T) {
-	e := newEnv(t, realBackend, nil) // LockTTL 2s, UpstreamTimeout 1s
-	big := strings.Repeat("x", 64<<20)
+	e := newEnv(t, realBackend, func(o *proxy.Options) {
+		o.UpstreamTimeout = 2 * time.Second
+		o.Default.LockTTL = 4 * time.Second
+	})
+	big := strings.Repeat("x", 16<<20) // more than socket buffers hold
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
+		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Length", fmt.Sprint(len(big)))
-		io.WriteString(w, big)
+		_, _ = io.WriteString(w, big)
 	})
 	c, err := net.Dial("tcp", strings.TrimPrefix(e.srv.URL, "http://"))
 	if err != nil {
@@ -71,9 +77,16 @@ func TestStalledClientDoesNotBlockRecording(t *testing.T) {
 	fmt.Fprintf(c, "POST /v1/orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: stall\r\nContent-Length: 1\r\n\r\nx")
 	line, _ := bufio.NewReader(c).ReadString('\n') // then stop reading
 	t.Logf("stalled client got %q", strings.TrimSpace(line))
-	time.Sleep(2500 * time.Millisecond)
+	eventually(t, 10*time.Second, "the stalled request ends", func() bool {
+		return counter(t, e.reg, "idemproxy_requests_total", nil) >= 1
+	})
+	if got := counter(t, e.reg, "idemproxy_requests_total", map[string]string{"outcome": "executed"}); got != 1 {
+		t.Fatalf("stalled request outcome: executed=%v, want the answer recorded", got)
+	}
 	r := e.do(req{key: "stall", body: "x"})
-	t.Logf("retry got %d replayed=%q", r.StatusCode, r.Header.Get("Idempotent-Replayed"))
+	if r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("retry: %d replayed=%q, want a replay", r.StatusCode, r.Header.Get("Idempotent-Replayed"))
+	}
 	if n := e.calls.Load(); n != 1 {
 		t.Errorf("DOUBLE EXECUTION: upstream called %d times for key stall", n)
 	}
