@@ -20,8 +20,10 @@ func TestWaitReplicas(t *testing.T) {
 	mc, rc := master.Client(), replica.Client()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
+		// Synced on the replica's side, and online (acknowledging) on the master's.
 		info, err := rc.Info(ctx, "replication").Result()
-		if err == nil && strings.Contains(info, "master_link_status:up") {
+		minfo, merr := mc.Info(ctx, "replication").Result()
+		if err == nil && merr == nil && strings.Contains(info, "master_link_status:up") && strings.Contains(minfo, "state=online") {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -30,7 +32,7 @@ func TestWaitReplicas(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
-	s := claim.NewStore(mc, "test:", nil, claim.WaitReplicas(1, 500*time.Millisecond))
+	s := claim.NewStore(mc, "test:", nil, claim.WaitReplicas(1, 3*time.Second))
 	key := claim.NewKey(nil, "replicated")
 	lease, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
 	if err != nil {
@@ -56,6 +58,7 @@ func TestWaitReplicas(t *testing.T) {
 	}
 
 	replica.Kill()
+	s = claim.NewStore(mc, "test:", nil, claim.WaitReplicas(1, 500*time.Millisecond))
 	start := time.Now()
 	lone := claim.NewKey(nil, "unreplicated")
 	_, _, err = s.Acquire(ctx, lone, fp("A"), time.Minute, time.Hour)
