@@ -124,9 +124,15 @@ func advanceClock(ctx context.Context, mr *miniredis.Miniredis, every time.Durat
 // client's and Redis's CPU per request (make bench). REDIS_AUTOPIPELINE=false
 // sends each script on its own pooled connection instead. With
 // REDIS_WAIT_REPLICAS the plain client is used: WAIT must follow the script
-// on the connection that ran it.
+// on the connection that ran it. So it is with Cluster (see below).
 func (s *store) scripter(cfg *Config) (redis.Scripter, error) {
 	if !cfg.RedisAutoPipeline || cfg.RedisWaitReplicas > 0 {
+		return s.client, nil
+	}
+	if _, cluster := s.client.(*redis.ClusterClient); cluster {
+		// Its batches span slot ranges of several masters, and a batch ends
+		// when its slowest node answers: one stalled master would stall the
+		// claims of every shard. Plain pooled connections per node instead.
 		return s.client, nil
 	}
 	c, ok := s.client.(interface {

@@ -17,6 +17,7 @@ type replayCache struct {
 	m     map[Key]*cacheEntry
 	queue []queued // insertion order, for eviction; may hold entries already gone
 	head  int
+	stale int // queue slots whose entry was removed
 }
 
 type queued struct {
@@ -50,13 +51,17 @@ func (c *replayCache) get(k Key) (Fingerprint, *Record, bool) {
 	return e.fp, e.rec, true
 }
 
-// put caches rec for at most ttl (its remaining lifetime in Redis).
-func (c *replayCache) put(k Key, fp Fingerprint, rec *Record, ttl time.Duration) {
-	size := recordSize(rec)
+// put caches rec, decoded from an encoding of encodedLen bytes (which its
+// body still refers to), until expires (when Redis drops it) or maxAge.
+func (c *replayCache) put(k Key, fp Fingerprint, rec *Record, encodedLen int, expires time.Time) {
+	size := recordSize(rec, encodedLen)
 	if size > c.maxBytes/8 { // one large answer must not flush everything else
 		return
 	}
-	e := &cacheEntry{fp: fp, rec: rec, expires: time.Now().Add(min(ttl, c.maxAge)), size: size}
+	if latest := time.Now().Add(c.maxAge); expires.After(latest) {
+		expires = latest
+	}
+	e := &cacheEntry{fp: fp, rec: rec, expires: expires, size: size}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if old, ok := c.m[k]; ok {
@@ -72,6 +77,16 @@ func (c *replayCache) put(k Key, fp Fingerprint, rec *Record, ttl time.Duration)
 		if c.m[v.k] == v.e { // not replaced or removed since
 			c.remove(v.k, v.e)
 		}
+		c.stale-- // remove counted it; its slot is gone now
+	}
+	if c.stale > 1024 && c.stale > len(c.m) { // drop dead slots (and the records they hold)
+		live := c.queue[:0:0]
+		for _, q := range c.queue[c.head:] {
+			if q.e != nil && c.m[q.k] == q.e {
+				live = append(live, q)
+			}
+		}
+		c.queue, c.head, c.stale = live, 0, 0
 	}
 	// Compact the queue once its consumed head dominates it.
 	if c.head > 1024 && c.head > len(c.queue)/2 {
@@ -83,11 +98,14 @@ func (c *replayCache) put(k Key, fp Fingerprint, rec *Record, ttl time.Duration)
 func (c *replayCache) remove(k Key, e *cacheEntry) {
 	delete(c.m, k)
 	c.size -= e.size
+	e.rec = nil
+	c.stale++
 }
 
-// recordSize approximates the memory a record holds.
-func recordSize(r *Record) int {
-	n := 128 + len(r.Body)
+// recordSize approximates the memory a decoded record holds: the encoded
+// bytes its body points into, plus the header strings copied out of them.
+func recordSize(r *Record, encodedLen int) int {
+	n := 128 + max(encodedLen, len(r.Body))
 	for k, vv := range r.Header {
 		n += len(k) + 16
 		for _, v := range vv {

@@ -170,10 +170,10 @@ type Lease struct {
 func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, markTTL time.Duration) (*Lease, *Record, error) {
 	if s.cache != nil {
 		if cfp, rec, ok := s.cache.get(key); ok {
-			s.obs("cache", "hit", 0)
 			if cfp != fp {
 				return nil, nil, ErrMismatch
 			}
+			s.obs("cache", "hit", 0)
 			return nil, rec, nil
 		}
 	}
@@ -194,11 +194,13 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, m
 	s.obs("claim", resultLabel(status, err), time.Since(start))
 	if err != nil {
 		// The script may have run and only its reply been lost: free the
-		// claim (best effort, briefly), or it would hold the key for its
-		// lock TTL and then count as a takeover though nothing ran.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 500*time.Millisecond)
-		_ = (&Lease{store: s, keys: keys, token: token}).Release(rctx)
-		cancel()
+		// claim, or it would hold the key for its lock TTL and then count as
+		// a takeover though nothing ran. In the background: against a
+		// stalled Redis this takes a whole read timeout, and the caller's
+		// answer (503, or a forward when failing open) must not wait for it.
+		// go-redis's own timeouts end it.
+		lease := &Lease{store: s, keys: keys, token: token}
+		go func() { _ = lease.Release(context.WithoutCancel(ctx)) }()
 		return nil, nil, fmt.Errorf("claim %s: %w", key, err)
 	}
 	switch status {
@@ -217,7 +219,9 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, m
 		}
 		if s.cache != nil {
 			if pttl, perr := strconv.ParseInt(args[1], 10, 64); perr == nil && pttl > 0 {
-				s.cache.put(key, fp, rec, time.Duration(pttl)*time.Millisecond)
+				// Redis measured the remaining TTL after we sent the claim:
+				// counting from the send keeps the entry inside it.
+				s.cache.put(key, fp, rec, len(args[0]), start.Add(time.Duration(pttl)*time.Millisecond))
 			}
 		}
 		return nil, rec, nil

@@ -47,6 +47,7 @@ type exchange struct {
 	gotConn   atomic.Bool // a connection was obtained: the request may have left
 	sent      atomic.Bool // the request's headers were written
 	keep      savedHeaders
+	onHeaders func() // arms the slow-client write deadline
 }
 
 var capturePool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -68,6 +69,9 @@ func (ex *exchange) WriteHeader(code int) {
 		ex.status = code
 	}
 	ex.keep.restore(ex.w.Header())
+	if ex.onHeaders != nil {
+		ex.onHeaders()
+	}
 	ex.w.WriteHeader(code)
 }
 
@@ -166,7 +170,8 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	// are dropped, and the answer is still read in full and recorded, with
 	// the other half of UPSTREAM_TIMEOUT left for that.
 	rc := http.NewResponseController(w)
-	_ = rc.SetWriteDeadline(start.Add(h.opts.UpstreamTimeout / 2))
+	upDeadline := start.Add(h.opts.UpstreamTimeout)
+	ex.onHeaders = func() { _ = rc.SetWriteDeadline(time.Now().Add(time.Until(upDeadline) / 2)) }
 	aborted := h.forward(ex, out)
 	_ = rc.SetWriteDeadline(time.Time{})
 	lg := hlog.FromRequest(r)

@@ -110,6 +110,11 @@ func New(store Store, opts Options) (*Handler, error) {
 			pr.SetURL(opts.Upstream)
 			pr.SetXForwarded()
 			hideIdempotencyKey(pr.Out.Header)
+			// ReverseProxy sends an empty body as nil, and the Transport then
+			// resends a written GET/HEAD/OPTIONS/TRACE without asking GetBody.
+			if _, keyed := pr.Out.Context().Value(exchangeKey{}).(*exchange); keyed && pr.Out.Body == nil {
+				pr.Out.Body = io.NopCloser(strings.NewReader(""))
+			}
 		},
 		Transport:      opts.Transport,
 		BufferPool:     NewBufferPool(),

@@ -208,19 +208,84 @@ func (r *router) match(req *http.Request) *Route {
 	if len(r.routes) == 0 {
 		return nil
 	}
-	// Match the decoded, cleaned path: /v1/pay%6Dents/x, //v1/payments/x and
-	// /v1/./payments/x must not slip past a rule for /v1/payments/*.
-	p := req.URL.Path
-	if p == "" || p[0] != '/' {
-		p = "/" + p
-	}
+	// Match a normalised path (RFC 3986 section 6.2.2): /v1/pay%6Dents/x,
+	// //v1/payments/x and /v1/./payments/x must not slip past a rule for
+	// /v1/payments/*. An encoded slash (%2F) stays encoded: it is not a
+	// separator, so /v1/payments/..%2Fwebhooks cannot reach another rule.
+	p := normalisePath(req.URL.EscapedPath())
+	trailing := len(p) > 1 && p[len(p)-1] == '/'
 	p = path.Clean(p)
 	rctx := r.ctxs.Get().(*chi.Context)
 	rctx.Reset()
-	pattern := r.mux.Find(rctx, req.Method, p)
+	pattern := ""
+	if trailing && p != "/" { // "/v1/payments/" must still match "/v1/payments/*"
+		pattern = r.mux.Find(rctx, req.Method, p+"/")
+		rctx.Reset()
+	}
+	if pattern == "" {
+		pattern = r.mux.Find(rctx, req.Method, p)
+	}
 	r.ctxs.Put(rctx)
 	if pattern == "" {
 		return nil
 	}
 	return r.byID[req.Method+" "+pattern]
+}
+
+// normalisePath decodes the percent-escapes of unreserved characters
+// (letters, digits, "-", ".", "_", "~"), upper-cases the others and makes
+// the path absolute. Repeated slashes and dot segments are removed by the
+// caller (path.Clean).
+func normalisePath(escaped string) string {
+	if strings.HasPrefix(escaped, "/") && strings.IndexByte(escaped, '%') < 0 {
+		return escaped
+	}
+	var b strings.Builder
+	b.Grow(len(escaped) + 1)
+	if !strings.HasPrefix(escaped, "/") {
+		b.WriteByte('/')
+	}
+	for i := 0; i < len(escaped); i++ {
+		c := escaped[i]
+		if c == '%' && i+2 < len(escaped) && isHex(escaped[i+1]) && isHex(escaped[i+2]) {
+			v := unhex(escaped[i+1])<<4 | unhex(escaped[i+2])
+			if isUnreserved(v) {
+				b.WriteByte(v)
+			} else {
+				b.WriteByte('%')
+				b.WriteByte(upper(escaped[i+1]))
+				b.WriteByte(upper(escaped[i+2]))
+			}
+			i += 2
+			continue
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c >= 'a':
+		return c - 'a' + 10
+	}
+	return c - 'A' + 10
+}
+
+func upper(c byte) byte {
+	if 'a' <= c && c <= 'f' {
+		return c - 'a' + 'A'
+	}
+	return c
+}
+
+func isUnreserved(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+		c == '-' || c == '.' || c == '_' || c == '~'
 }

@@ -92,7 +92,13 @@ func TestRouterMatch(t *testing.T) {
 		{"POST", "/other", ""},
 		// Other spellings of a covered path match the same rule.
 		{"POST", "/v1/pay%6Dents/abc", "/v1/payments/*"},
-		{"POST", "/v1/payments%2Fabc", "/v1/payments/*"},
+		{"POST", "/v1/payments/", "/v1/payments/*"},
+		{"POST", "/v1/payments/%61bc", "/v1/payments/*"},
+		// An encoded slash is not a separator (RFC 3986): it neither joins
+		// nor escapes a rule.
+		{"POST", "/v1/payments%2Fabc", ""},
+		{"POST", "/v1/payments/..%2Frefunds", "/v1/payments/*"},
+		{"POST", "/v1/payments/..%2frefunds", "/v1/payments/*"},
 		{"POST", "//v1/payments/abc", "/v1/payments/*"},
 		{"POST", "/v1/./payments/abc", "/v1/payments/*"},
 		{"POST", "/v1/x/../payments/refunds", "/v1/payments/refunds"},
@@ -139,4 +145,21 @@ func FuzzParseRoutes(f *testing.F) {
 			t.Fatalf("ParseRoutes(%q) accepted rules the router rejects: %v", spec, err)
 		}
 	})
+}
+
+func TestNormalisePath(t *testing.T) {
+	for in, want := range map[string]string{
+		"/v1/orders":        "/v1/orders",
+		"v1/orders":         "/v1/orders",
+		"/v1/%6Frders":      "/v1/orders",
+		"/v1/a%2fb":         "/v1/a%2Fb",
+		"/v1/%7e%2D%5F%2E":  "/v1/~-_.",
+		"/v1/%":             "/v1/%",
+		"/v1/%zz":           "/v1/%zz",
+		"/v1/%41%42%43/%20": "/v1/ABC/%20",
+	} {
+		if got := normalisePath(in); got != want {
+			t.Errorf("normalisePath(%q) = %q, want %q", in, got, want)
+		}
+	}
 }
