@@ -3,6 +3,7 @@ package proxy
 import (
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 )
 
@@ -26,59 +27,27 @@ var hopHeaders = []string{
 // placeholders. Set-Cookie stays: it is scoped to the caller, and the scope
 // is part of the key.
 func recordableHeader(h http.Header) map[string][]string {
-	var named []string
-	for _, v := range h["Connection"] {
+	out := make(map[string][]string, len(h))
+	copyRecordable(out, h)
+	return out
+}
+
+// copyRecordable copies the recordable headers of src (see
+// recordableHeader) into dst. The value slices are shared with src (which
+// the ReplayCache may share between requests), capped so that an append
+// copies instead of writing into src.
+func copyRecordable(dst http.Header, src map[string][]string) {
+	var named []string // headers the Connection header names; rare
+	for _, v := range src["Connection"] {
 		for f := range strings.SplitSeq(v, ",") {
 			if f = textproto.TrimString(f); f != "" {
 				named = append(named, http.CanonicalHeaderKey(f))
 			}
 		}
 	}
-	out := make(map[string][]string, len(h))
-outer:
-	for k, vv := range h {
-		if strings.HasPrefix(k, http.TrailerPrefix) {
-			continue
+	for k, vv := range src {
+		if !strings.HasPrefix(k, http.TrailerPrefix) && !slices.Contains(hopHeaders, k) && !slices.Contains(named, k) {
+			dst[k] = vv[:len(vv):len(vv)]
 		}
-		for _, hop := range hopHeaders {
-			if k == hop {
-				continue outer
-			}
-		}
-		for _, n := range named {
-			if k == n {
-				continue outer
-			}
-		}
-		out[k] = vv
-	}
-	return out
-}
-
-// copyRecordable copies a recorded header into dst, skipping what
-// recordableHeader would drop, without building an intermediate map. The
-// value slices are shared with the record (which the ReplayCache may share
-// between requests), capped so that an append copies instead of writing
-// into the record.
-func copyRecordable(dst http.Header, rec map[string][]string) {
-	conn := rec["Connection"]
-outer:
-	for k, vv := range rec {
-		if strings.HasPrefix(k, http.TrailerPrefix) {
-			continue
-		}
-		for _, hop := range hopHeaders {
-			if k == hop {
-				continue outer
-			}
-		}
-		for _, v := range conn {
-			for f := range strings.SplitSeq(v, ",") {
-				if http.CanonicalHeaderKey(textproto.TrimString(f)) == k {
-					continue outer
-				}
-			}
-		}
-		dst[k] = vv[:len(vv):len(vv)]
 	}
 }
