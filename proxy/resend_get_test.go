@@ -1,13 +1,7 @@
 package proxy_test
 
 import (
-	"bufio"
-	"fmt"
-	"io"
-	"net"
 	"net/http"
-	"net/url"
-	"sync/atomic"
 	"testing"
 
 	"github.com/idemproxy/idemproxy/proxy"
@@ -21,42 +15,13 @@ import (
 func TestKeyedBodilessRequestIsNeverResent(t *testing.T) {
 	for _, method := range []string{http.MethodGet, http.MethodDelete} {
 		t.Run(method, func(t *testing.T) {
-			var executed atomic.Int64
-			var hungUp atomic.Bool
-			ln, _ := net.Listen("tcp", "127.0.0.1:0")
-			defer ln.Close()
-			go func() {
-				for range 20 {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					go func(c net.Conn) {
-						defer c.Close()
-						br := bufio.NewReader(c)
-						for range 100 {
-							r, err := http.ReadRequest(br)
-							if err != nil {
-								return
-							}
-							io.ReadAll(r.Body)
-							if r.Header.Get("Idempotency-Key") == "dup" {
-								executed.Add(1)
-								if hungUp.CompareAndSwap(false, true) {
-									return // executed, then hang up before answering
-								}
-							}
-							fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-						}
-					}(c)
-				}
-			}()
+			upstream, executed := hangUpOnce(t, "dup")
 			routes, err := proxy.ParseRoutes(method + " /v1/send-sms")
 			if err != nil {
 				t.Fatal(err)
 			}
 			e := newEnv(t, miniBackend, func(o *proxy.Options) {
-				o.Upstream, _ = url.Parse("http://" + ln.Addr().String())
+				o.Upstream = upstream
 				o.Routes = routes
 			})
 			e.do(req{method: method, path: "/v1/send-sms"}) // no key: warms a pooled upstream connection
