@@ -172,3 +172,30 @@ func TestSlowDialIsUnreachable(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestClaimExpiredBeforeCompletion: when the lock expired before the answer
+// could be recorded (and nobody took over), the answer is still returned,
+// and the failure is counted, not mistaken for a takeover.
+func TestClaimExpiredBeforeCompletion(t *testing.T) {
+	e := newEnv(t, realBackend, func(o *proxy.Options) {
+		o.Default.LockTTL = 150 * time.Millisecond // below UPSTREAM_TIMEOUT: config refuses this, Options do not
+		o.UpstreamTimeout = 2 * time.Second
+	})
+	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(400 * time.Millisecond)
+		e.created(w, r)
+	})
+	r := e.do(req{key: "late", body: "b"})
+	if r.StatusCode != http.StatusCreated {
+		t.Fatalf("status %d, want the upstream's 201", r.StatusCode)
+	}
+	if got := counter(t, e.reg, "idemproxy_record_failures_total", nil); got != 1 {
+		t.Errorf("record failures %v, want 1", got)
+	}
+	if got := counter(t, e.reg, "idemproxy_requests_total", map[string]string{"outcome": "store_error"}); got != 1 {
+		t.Errorf("store_error count %v, want 1", got)
+	}
+	if !strings.Contains(e.logs.String(), "answer not recorded") {
+		t.Errorf("not logged as an unrecorded answer")
+	}
+}
