@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,14 +32,12 @@ var (
 	ErrInFlight = errors.New("claim: in flight")
 	// ErrMismatch: the key is held for a request with another fingerprint.
 	ErrMismatch = errors.New("claim: fingerprint mismatch")
+	// ErrOtherUpstream: the key is held for a request sent to another
+	// upstream (see Upstream). It also matches ErrMismatch.
+	ErrOtherUpstream = fmt.Errorf("%w: recorded in front of another upstream", ErrMismatch)
 	// ErrLost: the claim is no longer ours (its lock expired and it was taken
 	// over, or the record was removed); nothing was written.
 	ErrLost = errors.New("claim: lost")
-	// ErrExpired: Complete found no record at all: the lock expired before
-	// the answer could be recorded, and nobody has taken the key over yet.
-	// Nothing was written; the next request with the key executes. It also
-	// matches ErrLost.
-	ErrExpired = fmt.Errorf("%w: expired before completion", ErrLost)
 	// ErrBadRecord: the stored record could not be decoded (written by an
 	// incompatible version, or corrupted). It is not a Redis outage.
 	ErrBadRecord = errBadRecord
@@ -65,6 +64,7 @@ type Observer func(script, result string, d time.Duration)
 type Store struct {
 	rdb          redis.Scripter
 	prefix       string
+	upstream     string // short hash of the upstream's identity; "" for none
 	obs          Observer
 	waitReplicas int
 	waitTimeout  time.Duration
@@ -94,6 +94,19 @@ func ReplayCache(maxBytes int, maxAge time.Duration) Option {
 	return func(s *Store) {
 		if maxBytes > 0 && maxAge > 0 {
 			s.cache = newReplayCache(maxBytes, maxAge)
+		}
+	}
+}
+
+// Upstream binds every record this Store writes to the upstream identified
+// by id (UPSTREAM_ID): a key recorded in front of another upstream is never
+// replayed here, nor executed again (ErrOtherUpstream). Only a hash of id is
+// written. Records written without an upstream match any.
+func Upstream(id string) Option {
+	return func(s *Store) {
+		if id != "" {
+			h := sha256.Sum256([]byte(id))
+			s.upstream = hex.EncodeToString(h[:8])
 		}
 	}
 }
@@ -151,11 +164,16 @@ type Lease struct {
 	store *Store
 	keys  []string
 	token string
+	fp    Fingerprint // written with the record if the claim vanished before completion
 	// TakenOver is true when an earlier claim of this key expired without
 	// completing (its proxy died, or its outcome was unknown) and this lease
 	// replaced it; TakeoverAge is the time since that earlier claim began.
 	TakenOver   bool
 	TakeoverAge time.Duration
+	// Recreated is set by Complete when the claim was no longer in Redis
+	// (its lock expired, or it was lost in a failover) and nobody had
+	// claimed the key since: the answer was recorded all the same.
+	Recreated bool
 }
 
 // Acquire claims key for a request with fingerprint fp, or reports why not.
@@ -183,10 +201,10 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, m
 	}
 	keys := s.keys(key)
 	start := time.Now()
-	v, acked, err := s.run(ctx, claimScript, keys, token, fp[:], ms(lockTTL), ms(max(markTTL, lockTTL)))
+	v, acked, err := s.run(ctx, claimScript, keys, token, fp[:], ms(lockTTL), ms(max(markTTL, lockTTL)), s.upstream)
 	status, args, err := decodeReply(v, err)
 	if err == nil && (status == "claimed" || status == "takeover") && acked < s.waitReplicas {
-		lease := &Lease{store: s, keys: keys, token: token}
+		lease := &Lease{store: s, keys: keys, token: token, fp: fp}
 		_ = lease.Release(ctx) // best effort; the lock TTL frees it otherwise
 		s.obs("claim", "not_replicated", time.Since(start))
 		return nil, nil, fmt.Errorf("claim %s: %d of %d replicas acknowledged within %v: %w", key, acked, s.waitReplicas, s.waitTimeout, ErrNotReplicated)
@@ -199,19 +217,19 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, m
 		// stalled Redis this takes a whole read timeout, and the caller's
 		// answer (503, or a forward when failing open) must not wait for it.
 		// go-redis's own timeouts end it.
-		lease := &Lease{store: s, keys: keys, token: token}
+		lease := &Lease{store: s, keys: keys, token: token, fp: fp}
 		go func() { _ = lease.Release(context.WithoutCancel(ctx)) }()
 		return nil, nil, fmt.Errorf("claim %s: %w", key, err)
 	}
 	switch status {
 	case "claimed":
-		return &Lease{store: s, keys: keys, token: token}, nil, nil
+		return &Lease{store: s, keys: keys, token: token, fp: fp}, nil, nil
 	case "takeover":
 		age, perr := strconv.ParseInt(args[0], 10, 64)
 		if perr != nil {
 			return nil, nil, fmt.Errorf("claim %s: bad takeover age %q: %w", key, args[0], perr)
 		}
-		return &Lease{store: s, keys: keys, token: token, TakenOver: true, TakeoverAge: time.Duration(age) * time.Millisecond}, nil, nil
+		return &Lease{store: s, keys: keys, token: token, fp: fp, TakenOver: true, TakeoverAge: time.Duration(age) * time.Millisecond}, nil, nil
 	case "replay":
 		rec, derr := DecodeRecord([]byte(args[0]))
 		if derr != nil {
@@ -229,15 +247,19 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, m
 		return nil, nil, ErrInFlight
 	case "mismatch":
 		return nil, nil, ErrMismatch
+	case "otherupstream":
+		return nil, nil, ErrOtherUpstream
 	}
 	return nil, nil, fmt.Errorf("claim %s: unexpected status %q", key, status)
 }
 
 // Complete records rec as the answer for the claimed key, kept for ttl, if the
-// claim is still ours; otherwise it returns ErrLost and writes nothing.
+// claim is still ours, or if it is gone and nobody claimed the key since
+// (Recreated is then set). When another request has taken the key over it
+// returns ErrLost and writes nothing: the key has then executed twice.
 func (l *Lease) Complete(ctx context.Context, rec *Record, ttl time.Duration) error {
 	start := time.Now()
-	v, acked, err := l.store.run(ctx, completeScript, l.keys, l.token, rec.Encode(), ms(ttl))
+	v, acked, err := l.store.run(ctx, completeScript, l.keys, l.token, rec.Encode(), ms(ttl), l.fp[:], l.store.upstream)
 	if err := l.finish("complete", v, err, start); err != nil {
 		return err
 	}
@@ -304,8 +326,13 @@ func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, ar
 }
 
 func (l *Lease) finish(script string, v any, err error, start time.Time) error {
-	status, _, err := decodeReply(v, err)
-	l.store.obs(script, resultLabel(status, err), time.Since(start))
+	status, args, err := decodeReply(v, err)
+	label := resultLabel(status, err)
+	if status == "ok" && args[0] == "recreated" {
+		label = "recreated"
+		l.Recreated = true
+	}
+	l.store.obs(script, label, time.Since(start))
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", script, l.keys[0], err)
 	}
@@ -313,11 +340,6 @@ func (l *Lease) finish(script string, v any, err error, start time.Time) error {
 	case "ok":
 		return nil
 	case "lost":
-		return ErrLost
-	case "gone":
-		if script == "complete" {
-			return ErrExpired
-		}
 		return ErrLost
 	}
 	return fmt.Errorf("%s %s: unexpected status %q", script, l.keys[0], status)
@@ -360,3 +382,33 @@ func newToken() (string, error) {
 	}
 	return string(b[:]), nil
 }
+
+// Unavailable reports whether err means that Redis could not be asked: the
+// network, a timeout, a closed client, a node that is loading, failing over
+// or read-only (a replica after a failover), or a claim not acknowledged by
+// enough replicas. A refusal by a Redis that answers (out of memory under
+// noeviction, a script error) is not an outage: failing open on it would
+// forward every request without a guarantee while Redis is up.
+func Unavailable(err error) bool {
+	if err == nil || errors.Is(err, ErrBadRecord) || errors.Is(err, ErrInFlight) || errors.Is(err, ErrMismatch) {
+		return false
+	}
+	if errors.Is(err, ErrNotReplicated) {
+		return true
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		msg := rerr.Error()
+		for _, p := range transientReplies {
+			if strings.HasPrefix(msg, p) {
+				return true
+			}
+		}
+		return false
+	}
+	return true
+}
+
+// transientReplies are the error replies of a Redis that is (for a moment)
+// not able to serve writes, as opposed to one refusing this write.
+var transientReplies = []string{"LOADING", "MASTERDOWN", "CLUSTERDOWN", "READONLY", "TRYAGAIN", "BUSY ", "NOREPLICAS"}

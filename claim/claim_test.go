@@ -386,21 +386,145 @@ func TestAutoPipeline(t *testing.T) {
 }
 
 // TestCompleteAfterExpiry: a claim that expired with nobody taking over is
-// reported as ErrExpired (the answer was not recorded), not as a takeover.
+// recorded all the same (the upstream did execute), with the claim's
+// fingerprint: the retry replays it, and another body is still a mismatch.
 func TestCompleteAfterExpiry(t *testing.T) {
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
-			s := claim.NewStore(be.rdb, "test:", nil)
-			lease, _, err := s.Acquire(ctx, claim.NewKey(nil, "expired"), fp("A"), 100*time.Millisecond, time.Hour)
+			var results []string
+			s := claim.NewStore(be.rdb, "test:", func(script, result string, _ time.Duration) {
+				if script == "complete" {
+					results = append(results, result)
+				}
+			}, claim.Upstream("http://a"))
+			key := claim.NewKey(nil, "expired")
+			lease, _, err := s.Acquire(ctx, key, fp("A"), 100*time.Millisecond, time.Hour)
 			if err != nil {
 				t.Fatal(err)
 			}
 			be.advance(t, 250*time.Millisecond)
-			err = lease.Complete(ctx, &claim.Record{Status: 200}, time.Hour)
-			if !errors.Is(err, claim.ErrExpired) || !errors.Is(err, claim.ErrLost) {
-				t.Errorf("Complete after expiry: got %v, want ErrExpired (an ErrLost)", err)
+			if err := lease.Complete(ctx, &claim.Record{Status: 201, Body: []byte("late")}, time.Hour); err != nil {
+				t.Fatalf("Complete after expiry: %v, want the answer recorded", err)
+			}
+			if !lease.Recreated || len(results) != 1 || results[0] != "recreated" {
+				t.Errorf("Recreated %v, observed %v; want true, [recreated]", lease.Recreated, results)
+			}
+			// A resend of the same completion (reply lost) is still ok.
+			if err := lease.Complete(ctx, &claim.Record{Status: 201, Body: []byte("late")}, time.Hour); err != nil {
+				t.Errorf("resent Complete: %v", err)
+			}
+			if _, rec, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); err != nil || rec == nil || string(rec.Body) != "late" {
+				t.Fatalf("retry after a recreated record: %v %v, want the replay", rec, err)
+			}
+			if _, _, err := s.Acquire(ctx, key, fp("B"), time.Minute, time.Hour); !errors.Is(err, claim.ErrMismatch) {
+				t.Errorf("other fingerprint: %v, want ErrMismatch", err)
+			}
+			other := claim.NewStore(be.rdb, "test:", nil, claim.Upstream("http://b"))
+			if _, _, err := other.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); !errors.Is(err, claim.ErrOtherUpstream) {
+				t.Errorf("other upstream: %v, want ErrOtherUpstream", err)
 			}
 		})
+	}
+}
+
+// TestCompleteAfterTakeover: when the expired claim was taken over, the
+// late completion writes nothing and reports ErrLost (the key ran twice).
+func TestCompleteAfterTakeover(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			s := claim.NewStore(be.rdb, "test:", nil)
+			key := claim.NewKey(nil, "takenover")
+			old, _, err := s.Acquire(ctx, key, fp("A"), 100*time.Millisecond, time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			be.advance(t, 250*time.Millisecond)
+			if _, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); err != nil {
+				t.Fatalf("takeover: %v", err)
+			}
+			if err := old.Complete(ctx, &claim.Record{Status: 201}, time.Hour); !errors.Is(err, claim.ErrLost) || old.Recreated {
+				t.Errorf("late Complete: %v (recreated %v), want ErrLost", err, old.Recreated)
+			}
+			if _, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); !errors.Is(err, claim.ErrInFlight) {
+				t.Errorf("after the late completion: %v, want the takeover still in flight", err)
+			}
+		})
+	}
+}
+
+// TestUpstreamBinding: stores bound to different upstreams never replay or
+// re-execute each other's keys; a store without an upstream (and a record
+// written before the field existed) matches any.
+func TestUpstreamBinding(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			a := claim.NewStore(be.rdb, "test:", nil, claim.Upstream("http://service-a"))
+			b := claim.NewStore(be.rdb, "test:", nil, claim.Upstream("http://service-b"))
+			key := claim.NewKey(nil, "shared")
+			lease, _, err := a.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := b.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); !errors.Is(err, claim.ErrOtherUpstream) || !errors.Is(err, claim.ErrMismatch) {
+				t.Errorf("in flight, other upstream: %v, want ErrOtherUpstream", err)
+			}
+			if err := lease.Complete(ctx, &claim.Record{Status: 201, Body: []byte("a")}, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			if _, rec, err := b.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); !errors.Is(err, claim.ErrOtherUpstream) || rec != nil {
+				t.Errorf("completed, other upstream: %v %v, want ErrOtherUpstream and no record", rec, err)
+			}
+			if _, rec, err := a.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); err != nil || string(rec.Body) != "a" {
+				t.Errorf("same upstream: %v %v, want the replay", rec, err)
+			}
+			// A record without an upstream (an older version wrote it) is replayed.
+			plain := claim.NewStore(be.rdb, "test:", nil)
+			old := claim.NewKey(nil, "old")
+			l2, _, err := plain.Acquire(ctx, old, fp("A"), time.Minute, time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := l2.Complete(ctx, &claim.Record{Status: 200, Body: []byte("old")}, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			if _, rec, err := b.Acquire(ctx, old, fp("A"), time.Minute, time.Hour); err != nil || string(rec.Body) != "old" {
+				t.Errorf("record without upstream: %v %v, want the replay", rec, err)
+			}
+		})
+	}
+}
+
+// TestUnavailable: only an unreachable or failing-over Redis counts as an
+// outage; a Redis that refuses (OOM) does not.
+func TestUnavailable(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	if err := rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+		t.Fatal(err)
+	}
+	s := claim.NewStore(rdb, "test:", nil)
+	_, _, err := s.Acquire(ctx, claim.NewKey(nil, "oom"), fp("A"), time.Minute, time.Hour)
+	if err == nil {
+		t.Fatal("claim succeeded with maxmemory 1 byte")
+	}
+	if claim.Unavailable(err) {
+		t.Errorf("OOM reply %v counted as unavailable", err)
+	}
+	srv.Kill()
+	_, _, err = s.Acquire(ctx, claim.NewKey(nil, "down"), fp("A"), time.Minute, time.Hour)
+	if err == nil || !claim.Unavailable(err) {
+		t.Errorf("Redis down: %v, want an unavailable error", err)
+	}
+	for _, e := range []error{claim.ErrInFlight, claim.ErrMismatch, claim.ErrBadRecord, nil} {
+		if claim.Unavailable(e) {
+			t.Errorf("Unavailable(%v) = true", e)
+		}
+	}
+	if !claim.Unavailable(fmt.Errorf("claim: %w", claim.ErrNotReplicated)) {
+		t.Errorf("ErrNotReplicated not counted as unavailable")
 	}
 }
 

@@ -14,6 +14,8 @@ type Record struct {
 	// removed by the caller); the type is http.Header's, without importing it.
 	Header map[string][]string
 	Body   []byte
+	// Trailer holds the response trailers, sent after the body.
+	Trailer map[string][]string
 	// BodyNotStored marks a response whose body was too large (or streaming)
 	// to be kept: a replay answers with the status and an explanation.
 	BodyNotStored bool
@@ -21,17 +23,20 @@ type Record struct {
 
 // The encoding is binary so bodies are stored as bytes, not base64:
 //
-//	magic 'I', version 1, flags byte (bit 0: body not stored)
+//	magic 'I', version 1, flags byte (bit 0: body not stored; bit 1: trailers)
 //	uvarint status
 //	uvarint header count, then per header: name (uvarint len + bytes),
 //	  uvarint value count, values (uvarint len + bytes)
 //	uvarint body length, body bytes
+//	with bit 1 only: the trailers, encoded as the headers
 //
-// and nothing after.
+// and nothing after. Records without trailers encode exactly as before bit 1
+// existed, so older versions still read them.
 const (
 	recordMagic   = 'I'
 	recordVersion = 1
 	flagNoBody    = 1 << 0
+	flagTrailers  = 1 << 1
 )
 
 var errBadRecord = errors.New("claim: malformed record")
@@ -39,34 +44,55 @@ var errBadRecord = errors.New("claim: malformed record")
 // Encode returns the binary form of r. Header names are written in sorted
 // order so equal records encode equally.
 func (r *Record) Encode() []byte {
-	size := 3 + binary.MaxVarintLen64*3 + len(r.Body)
-	names := make([]string, 0, len(r.Header))
-	for name, vals := range r.Header {
-		names = append(names, name)
-		size += len(name) + 2*binary.MaxVarintLen64
-		for _, v := range vals {
-			size += len(v) + binary.MaxVarintLen64
-		}
-	}
-	slices.Sort(names)
+	size := 3 + binary.MaxVarintLen64*4 + len(r.Body) + headerSize(r.Header) + headerSize(r.Trailer)
 	b := make([]byte, 0, size)
 	var flags byte
 	if r.BodyNotStored {
 		flags |= flagNoBody
 	}
+	if len(r.Trailer) > 0 {
+		flags |= flagTrailers
+	}
 	b = append(b, recordMagic, recordVersion, flags)
 	b = binary.AppendUvarint(b, uint64(r.Status))
+	b = appendHeader(b, r.Header)
+	b = binary.AppendUvarint(b, uint64(len(r.Body)))
+	b = append(b, r.Body...)
+	if len(r.Trailer) > 0 {
+		b = appendHeader(b, r.Trailer)
+	}
+	return b
+}
+
+func headerSize(h map[string][]string) int {
+	size := binary.MaxVarintLen64
+	for name, vals := range h {
+		size += len(name) + 2*binary.MaxVarintLen64
+		for _, v := range vals {
+			size += len(v) + binary.MaxVarintLen64
+		}
+	}
+	return size
+}
+
+// appendHeader writes the count, then each name in sorted order with its values.
+func appendHeader(b []byte, h map[string][]string) []byte {
+	var stack [32]string
+	names := stack[:0]
+	for name := range h {
+		names = append(names, name)
+	}
+	slices.Sort(names)
 	b = binary.AppendUvarint(b, uint64(len(names)))
 	for _, name := range names {
 		b = appendBytes(b, name)
-		vals := r.Header[name]
+		vals := h[name]
 		b = binary.AppendUvarint(b, uint64(len(vals)))
 		for _, v := range vals {
 			b = appendBytes(b, v)
 		}
 	}
-	b = binary.AppendUvarint(b, uint64(len(r.Body)))
-	return append(b, r.Body...)
+	return b
 }
 
 func appendBytes(b []byte, s string) []byte {
@@ -79,7 +105,7 @@ func appendBytes(b []byte, s string) []byte {
 // flags, a status outside 100-999, lengths past the end, trailing bytes).
 func DecodeRecord(b []byte) (*Record, error) {
 	d := decoder{b: b}
-	if len(b) < 3 || b[0] != recordMagic || b[1] != recordVersion || b[2]&^flagNoBody != 0 {
+	if len(b) < 3 || b[0] != recordMagic || b[1] != recordVersion || b[2]&^(flagNoBody|flagTrailers) != 0 {
 		return nil, fmt.Errorf("%w: bad header", errBadRecord)
 	}
 	r := &Record{BodyNotStored: b[2]&flagNoBody != 0}
@@ -89,9 +115,37 @@ func DecodeRecord(b []byte) (*Record, error) {
 		return nil, fmt.Errorf("%w: status %d", errBadRecord, status)
 	}
 	r.Status = int(status)
+	var err error
+	if r.Header, err = d.header(); err != nil {
+		return nil, err
+	}
+	body := d.bytes()
+	if b[2]&flagTrailers != 0 {
+		if r.Trailer, err = d.header(); err != nil {
+			return nil, err
+		}
+		if d.err == nil && len(r.Trailer) == 0 {
+			return nil, fmt.Errorf("%w: trailer flag without trailers", errBadRecord)
+		}
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	if len(d.b) != 0 {
+		return nil, fmt.Errorf("%w: %d trailing bytes", errBadRecord, len(d.b))
+	}
+	if len(body) > 0 {
+		r.Body = body
+	}
+	return r, nil
+}
+
+// header reads what appendHeader wrote; nil when the count is zero.
+func (d *decoder) header() (map[string][]string, error) {
 	n := d.count()
+	var h map[string][]string
 	if n > 0 {
-		r.Header = make(map[string][]string, n)
+		h = make(map[string][]string, n)
 	}
 	prev := "" // names are written sorted; anything else is not our encoding
 	for range n {
@@ -111,19 +165,9 @@ func DecodeRecord(b []byte) (*Record, error) {
 		for range nv {
 			vals = append(vals, d.str())
 		}
-		r.Header[name] = vals
+		h[name] = vals
 	}
-	body := d.bytes()
-	if d.err != nil {
-		return nil, d.err
-	}
-	if len(d.b) != 0 {
-		return nil, fmt.Errorf("%w: %d trailing bytes", errBadRecord, len(d.b))
-	}
-	if len(body) > 0 {
-		r.Body = body
-	}
-	return r, nil
+	return h, nil
 }
 
 type decoder struct {

@@ -24,6 +24,8 @@ func TestRecordRoundTrip(t *testing.T) {
 		{"binary body", Record{Status: 200, Body: binary}},
 		{"body not stored", Record{Status: 200, BodyNotStored: true, Header: map[string][]string{"Location": {"/x"}}}},
 		{"status 999", Record{Status: 999}},
+		{"trailers", Record{Status: 200, Header: map[string][]string{"Trailer": {"Grpc-Status"}},
+			Body: []byte("x"), Trailer: map[string][]string{"Grpc-Status": {"0"}, "X-Checksum": {"abc"}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
