@@ -40,6 +40,7 @@ type Config struct {
 	TTL                    time.Duration `env:"TTL" envDefault:"24h"`
 	LockTTL                time.Duration `env:"LOCK_TTL" envDefault:"60s"`
 	UpstreamTimeout        time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"30s"`
+	RequestReadTimeout     time.Duration `env:"REQUEST_READ_TIMEOUT" envDefault:"10s"`
 	RequireKey             bool          `env:"REQUIRE_KEY" envDefault:"false"`
 	MaxKeyLength           int           `env:"MAX_KEY_LENGTH" envDefault:"255"`
 	MaxBodyBytes           int64         `env:"MAX_BODY_BYTES" envDefault:"1048576"`
@@ -263,6 +264,7 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 	positive("TTL", c.TTL)
 	positive("LOCK_TTL", c.LockTTL)
 	positive("UPSTREAM_TIMEOUT", c.UpstreamTimeout)
+	positive("REQUEST_READ_TIMEOUT", c.RequestReadTimeout)
 	positive("SHUTDOWN_TIMEOUT", c.ShutdownTimeout)
 	if c.WaitTimeout < 0 {
 		bad("WAIT_TIMEOUT=%q: must not be negative", value("WAIT_TIMEOUT", c.WaitTimeout.String()))

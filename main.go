@@ -124,18 +124,19 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 		return nil, err
 	}
 	h, err := proxy.New(claim.NewStore(scripter, cfg.KeyPrefix, metrics.ObserveScript, storeOpts...), proxy.Options{
-		Upstream:        cfg.upstream,
-		KeyHeader:       cfg.IdempotencyHeader,
-		Methods:         cfg.Methods,
-		Default:         cfg.policy(),
-		Routes:          cfg.routes,
-		MaxKeyLength:    cfg.MaxKeyLength,
-		MaxBodyBytes:    cfg.MaxBodyBytes,
-		MaxStoredBytes:  cfg.MaxStoredResponseBytes,
-		ScopeHeaders:    cfg.ScopeHeaders,
-		UpstreamTimeout: cfg.UpstreamTimeout,
-		Logger:          logger,
-		Metrics:         metrics,
+		Upstream:           cfg.upstream,
+		KeyHeader:          cfg.IdempotencyHeader,
+		Methods:            cfg.Methods,
+		Default:            cfg.policy(),
+		Routes:             cfg.routes,
+		MaxKeyLength:       cfg.MaxKeyLength,
+		MaxBodyBytes:       cfg.MaxBodyBytes,
+		MaxStoredBytes:     cfg.MaxStoredResponseBytes,
+		ScopeHeaders:       cfg.ScopeHeaders,
+		UpstreamTimeout:    cfg.UpstreamTimeout,
+		RequestReadTimeout: cfg.RequestReadTimeout,
+		Logger:             logger,
+		Metrics:            metrics,
 	})
 	if err != nil {
 		st.close()

@@ -174,8 +174,8 @@ type roundTripFunc func(*http.Request) (*http.Response, error)
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // TestClaimExpiredBeforeCompletion: when the lock expired before the answer
-// could be recorded (and nobody took over), the answer is still returned,
-// and the failure is counted, not mistaken for a takeover.
+// could be recorded and nobody took over, the answer is recorded all the
+// same (the upstream did execute): the retry replays it.
 func TestClaimExpiredBeforeCompletion(t *testing.T) {
 	e := newEnv(t, realBackend, func(o *proxy.Options) {
 		o.Default.LockTTL = 150 * time.Millisecond // below UPSTREAM_TIMEOUT: config refuses this, Options do not
@@ -189,13 +189,63 @@ func TestClaimExpiredBeforeCompletion(t *testing.T) {
 	if r.StatusCode != http.StatusCreated {
 		t.Fatalf("status %d, want the upstream's 201", r.StatusCode)
 	}
-	if got := counter(t, e.reg, "idemproxy_record_failures_total", nil); got != 1 {
-		t.Errorf("record failures %v, want 1", got)
+	if got := counter(t, e.reg, "idemproxy_record_failures_total", nil); got != 0 {
+		t.Errorf("record failures %v, want 0", got)
 	}
-	if got := counter(t, e.reg, "idemproxy_requests_total", map[string]string{"outcome": "store_error"}); got != 1 {
-		t.Errorf("store_error count %v, want 1", got)
+	if got := counter(t, e.reg, "idemproxy_redis_script_duration_seconds", map[string]string{"script": "complete", "result": "recreated"}); got != 1 {
+		t.Errorf("recreated completions %v, want 1", got)
 	}
-	if !strings.Contains(e.logs.String(), "answer not recorded") {
-		t.Errorf("not logged as an unrecorded answer")
+	if !strings.Contains(e.logs.String(), "answer recorded all the same") {
+		t.Errorf("not logged as a recreated record")
+	}
+	again := e.do(req{key: "late", body: "b"})
+	if again.StatusCode != http.StatusCreated || again.Header.Get("Idempotent-Replayed") != "true" || string(again.body) != string(r.body) {
+		t.Errorf("retry: %d replayed %q %s, want the recorded answer", again.StatusCode, again.Header.Get("Idempotent-Replayed"), again.body)
+	}
+	if other := e.do(req{key: "late", body: "other"}); other.StatusCode != http.StatusUnprocessableEntity {
+		t.Errorf("other body: %d, want 422 (the fingerprint was recorded)", other.StatusCode)
+	}
+	if e.calls.Load() != 1 {
+		t.Errorf("upstream calls %d, want 1", e.calls.Load())
+	}
+}
+
+// TestLostCompletionCounted: our claim expired and another request took the
+// key over before we could record: the key ran twice, and that is counted
+// and logged with outcome "lost".
+func TestLostCompletionCounted(t *testing.T) {
+	e := newEnv(t, realBackend, func(o *proxy.Options) {
+		o.Default.LockTTL = 150 * time.Millisecond
+		o.UpstreamTimeout = 2 * time.Second
+	})
+	g := newGate()
+	defer g.open()
+	e.setUpstream(g.handler(e.created))
+	first := make(chan response, 1)
+	go func() { first <- e.do(req{key: "twice", body: "b"}) }()
+	g.wait(t)
+	time.Sleep(300 * time.Millisecond) // past the 150ms lock TTL (real Redis PX expiry)
+	second := make(chan response, 1)
+	go func() { second <- e.do(req{key: "twice", body: "b"}) }()
+	g.wait(t) // the takeover reached the upstream
+	g.open()
+	for _, ch := range []chan response{first, second} {
+		select {
+		case r := <-ch:
+			if r.StatusCode != http.StatusCreated {
+				t.Errorf("status %d, want 201", r.StatusCode)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("no answer within 10s")
+		}
+	}
+	if got := counter(t, e.reg, "idemproxy_double_executions_total", nil); got != 1 {
+		t.Errorf("double executions %v, want 1", got)
+	}
+	if got := counter(t, e.reg, "idemproxy_requests_total", map[string]string{"outcome": "lost"}); got != 1 {
+		t.Errorf("lost outcomes %v, want 1", got)
+	}
+	if e.calls.Load() != 2 {
+		t.Errorf("upstream calls %d, want 2", e.calls.Load())
 	}
 }

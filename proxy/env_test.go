@@ -79,11 +79,12 @@ func defaultOptions() proxy.Options {
 			TTL:     time.Hour,
 			LockTTL: 2 * time.Second,
 		},
-		MaxKeyLength:    255,
-		MaxBodyBytes:    1 << 20,
-		MaxStoredBytes:  1 << 20,
-		ScopeHeaders:    []string{"Authorization"},
-		UpstreamTimeout: time.Second,
+		MaxKeyLength:       255,
+		MaxBodyBytes:       1 << 20,
+		MaxStoredBytes:     1 << 20,
+		ScopeHeaders:       []string{"Authorization"},
+		UpstreamTimeout:    time.Second,
+		RequestReadTimeout: 5 * time.Second,
 	}
 }
 

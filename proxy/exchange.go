@@ -37,9 +37,10 @@ type exchange struct {
 	w         http.ResponseWriter
 	max       int64
 	buf       *bytes.Buffer
-	noBody    bool        // body too large or streaming: recorded without it
-	status    int         // upstream status (from ModifyResponse)
-	header    http.Header // upstream headers, hop-by-hop removed by ReverseProxy
+	noBody    bool           // body too large or streaming: recorded without it
+	status    int            // upstream status (from ModifyResponse)
+	header    http.Header    // upstream headers, hop-by-hop removed by ReverseProxy
+	res       *http.Response // its Trailer is filled once the body has been read
 	headersAt time.Time
 	wrote     bool
 	clientErr error
@@ -109,6 +110,7 @@ func (ex *exchange) FlushError() error {
 func (ex *exchange) upstreamResponse(res *http.Response) {
 	ex.status = res.StatusCode
 	ex.header = res.Header
+	ex.res = res
 	ex.headersAt = time.Now()
 	if res.ContentLength > ex.max || isEventStream(res.Header.Get("Content-Type")) {
 		ex.noBody = true
@@ -184,12 +186,25 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	}
 
 	switch {
+	case aborted && ex.status >= 500 && !pol.Store5xx:
+		res.outcome, res.status = outcomeReleased, ex.status
+		lg.Warn().Str("key_hash", res.keyHash).Msg("upstream 5xx answer broke off mid-body; claim released")
+		h.release(r, lease, res)
+		panic(http.ErrAbortHandler)
 	case aborted:
-		// The upstream broke off its answer after sending headers: it ran, with
-		// an outcome we cannot record. Keep the claim until its lock TTL, so
-		// retries get 409 rather than a second execution, and cut the client off.
-		res.outcome, res.status = outcomeUpstreamError, ex.status
-		lg.Warn().Str("key_hash", res.keyHash).Msg("upstream answer broke off mid-body; claim kept until its lock TTL")
+		// The final status arrived, so the upstream did execute; its body
+		// broke off (or UPSTREAM_TIMEOUT cut a long stream). Record the
+		// status without the body, as for an answer too large to store, so
+		// that a retry never executes again; then cut the client off, so it
+		// sees the answer was incomplete.
+		res.status = ex.status
+		lg.Warn().Str("key_hash", res.keyHash).Int("status", ex.status).
+			Msg("upstream answer broke off mid-body; recorded without its body")
+		rec := &claim.Record{Status: ex.status, Header: recordableHeader(ex.header), BodyNotStored: true}
+		h.complete(r, lease, rec, pol.TTL, res)
+		if res.outcome == outcomeExecuted || res.outcome == outcomeTakeover {
+			res.outcome = outcomeUpstreamError
+		}
 		panic(http.ErrAbortHandler)
 	case ex.upErr != nil:
 		neverLeft := !ex.gotConn.Load() || isDialError(ex.upErr)
@@ -215,6 +230,9 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 		rec := &claim.Record{Status: ex.status, Header: recordableHeader(ex.header), BodyNotStored: ex.noBody}
 		if !ex.noBody {
 			rec.Body = ex.buf.Bytes()
+			if ex.res != nil && len(ex.res.Trailer) > 0 {
+				rec.Trailer = recordableHeader(ex.res.Trailer)
+			}
 		}
 		h.complete(r, lease, rec, pol.TTL, res)
 	}
@@ -260,20 +278,22 @@ func (h *Handler) complete(r *http.Request, lease *claim.Lease, rec *claim.Recor
 	}
 	lg := hlog.FromRequest(r)
 	switch {
+	case err == nil && lease.Recreated:
+		lg.Warn().Str("key_hash", res.keyHash).
+			Msg("claim was no longer in Redis at completion (lock expired, or lost in a failover) and nobody had taken it over: answer recorded all the same")
 	case err == nil:
 	case errors.Is(err, claim.ErrNotReplicated):
 		// Written on the master; a failover before it reaches a replica
 		// would lose it. Nothing to retry: the record is there.
 		lg.Warn().Err(err).Str("key_hash", res.keyHash).Msg("answer recorded but not yet acknowledged by REDIS_WAIT_REPLICAS replicas")
-	case errors.Is(err, claim.ErrExpired):
-		res.outcome = outcomeStoreError
-		h.metrics.recordFailures.Inc()
-		lg.Error().Str("key_hash", res.keyHash).
-			Msg("answer not recorded: the claim was no longer in Redis (its lock expired, or it was lost in a failover); a retry will execute again")
 	case errors.Is(err, claim.ErrLost):
 		// Our lock expired and another request took the key over: the fence
-		// kept us from overwriting its record.
-		lg.Warn().Str("key_hash", res.keyHash).Msg("claim expired and was taken over before completion; answer not recorded")
+		// kept us from overwriting its record, and the key has now executed
+		// twice. The one hard signal that at-most-once was breached.
+		res.outcome = outcomeLost
+		h.metrics.doubleExecutions.Inc()
+		lg.Error().Str("key_hash", res.keyHash).
+			Msg("claim expired and was taken over before completion: this key executed twice; answer not recorded")
 	default:
 		res.outcome = outcomeStoreError
 		h.metrics.recordFailures.Inc()

@@ -4,7 +4,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -35,19 +34,25 @@ type Store interface {
 // Options configure a Handler. Zero values are not defaults: main fills every
 // field from the configuration.
 type Options struct {
-	Upstream        *url.URL
-	KeyHeader       string   // IDEMPOTENCY_HEADER
-	Methods         []string // METHODS
-	Default         Policy   // the global settings (Covered is derived from Methods)
-	Routes          []Route  // ROUTES
-	MaxKeyLength    int
-	MaxBodyBytes    int64
-	MaxStoredBytes  int64
-	ScopeHeaders    []string
+	Upstream       *url.URL
+	KeyHeader      string   // IDEMPOTENCY_HEADER
+	Methods        []string // METHODS
+	Default        Policy   // the global settings (Covered is derived from Methods)
+	Routes         []Route  // ROUTES
+	MaxKeyLength   int
+	MaxBodyBytes   int64
+	MaxStoredBytes int64
+	ScopeHeaders   []string
+	// UpstreamTimeout bounds a keyed upstream call, the wait for any
+	// forwarded request's response headers (with the default Transport), and
+	// each write to a client.
 	UpstreamTimeout time.Duration
-	Transport       http.RoundTripper // nil: NewTransport()
-	Logger          zerolog.Logger    // for errors outside a request
-	Metrics         *Metrics          // nil: metrics are registered nowhere
+	// RequestReadTimeout bounds the arrival of a keyed request's whole body,
+	// and each read of a streamed pass-through body.
+	RequestReadTimeout time.Duration
+	Transport          http.RoundTripper // nil: NewTransport() with ResponseHeaderTimeout = UpstreamTimeout
+	Logger             zerolog.Logger    // for errors outside a request
+	Metrics            *Metrics          // nil: metrics are registered nowhere
 }
 
 // Handler is the idempotency proxy.
@@ -80,12 +85,19 @@ func New(store Store, opts Options) (*Handler, error) {
 	if opts.Upstream == nil || opts.Upstream.Host == "" {
 		return nil, errors.New("proxy: upstream URL with a host is required")
 	}
+	if opts.UpstreamTimeout <= 0 || opts.RequestReadTimeout <= 0 {
+		return nil, fmt.Errorf("proxy: UpstreamTimeout (%v) and RequestReadTimeout (%v) must be above zero", opts.UpstreamTimeout, opts.RequestReadTimeout)
+	}
 	rtr, err := newRouter(opts.Routes)
 	if err != nil {
 		return nil, err
 	}
 	if opts.Transport == nil {
-		opts.Transport = NewTransport()
+		t := NewTransport()
+		// Every forwarded request, keyed or not, waits at most this long for
+		// the upstream's headers; a body that then streams is not cut.
+		t.ResponseHeaderTimeout = opts.UpstreamTimeout
+		opts.Transport = t
 	}
 	if opts.Metrics == nil {
 		opts.Metrics = NewMetrics(prometheus.NewRegistry())
@@ -125,6 +137,41 @@ func New(store Store, opts Options) (*Handler, error) {
 	return h, nil
 }
 
+// upgradeRequested reports whether the request asks to switch protocols
+// (Connection: upgrade and an Upgrade header: the only form ReverseProxy
+// tunnels), and returns the protocols asked for other than h2c ("" when h2c
+// was the only one).
+func upgradeRequested(h http.Header) (string, bool) {
+	up := h.Values("Upgrade")
+	if len(up) == 0 || !headerHasToken(h.Values("Connection"), "upgrade") {
+		return "", false
+	}
+	var rest []string
+	for _, v := range up {
+		for p := range strings.SplitSeq(v, ",") {
+			p = strings.TrimSpace(p)
+			name, _, _ := strings.Cut(p, "/")
+			if p != "" && !strings.EqualFold(name, "h2c") {
+				rest = append(rest, p)
+			}
+		}
+	}
+	return strings.Join(rest, ", "), true
+}
+
+// headerHasToken reports whether a comma-separated header holds token
+// (case-insensitive).
+func headerHasToken(values []string, token string) bool {
+	for _, v := range values {
+		for t := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // hideIdempotencyKey stores the Idempotency-Key headers under lower-case
 // map keys. net/http's Transport treats a request carrying the canonical
 // "Idempotency-Key" or "X-Idempotency-Key" as safe to send twice, and
@@ -148,6 +195,11 @@ type result struct {
 	status     int
 	keyHash    string
 	upstreamMS float64
+	// deadline is set when a write deadline was put on the connection: the
+	// answer is flushed under it and it is then lifted, after the access log
+	// and the metrics, so that the next request on the connection does not
+	// inherit it.
+	deadline *http.ResponseController
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -170,6 +222,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			ev = ev.Float64("upstream_ms", res.upstreamMS)
 		}
 		ev.Float64("total_ms", float64(time.Since(start).Microseconds())/1000).Msg("request")
+		if res.deadline != nil {
+			_ = res.deadline.Flush()
+			_ = res.deadline.SetWriteDeadline(time.Time{})
+		}
 	}()
 
 	pol := h.opts.Default
@@ -177,6 +233,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if rt := h.router.match(r); rt != nil {
 		res.route = rt.Pattern
 		pol = rt.apply(h.opts.Default)
+	}
+	if upgrade, ok := upgradeRequested(r.Header); ok {
+		switch {
+		case upgrade == "":
+			// Only h2c was asked for: never tunnelled (requests inside the
+			// tunnel would bypass every check). Ignoring an Upgrade is always
+			// allowed (RFC 9110 section 7.8); the client goes on in HTTP/1.1.
+			r.Header.Del("Upgrade")
+			r.Header.Del("Http2-Settings")
+		case pol.Upgrade:
+			r.Header.Set("Upgrade", upgrade)
+			res.outcome = outcomePassthrough
+			h.passthrough(w, r, &res)
+			return
+		default:
+			res.outcome, res.status = outcomeInvalid, http.StatusBadRequest
+			writeProblem(w, res.status, typeUpgradeRefused, "Protocol upgrade not allowed",
+				"This route does not allow switching protocols (Upgrade: "+upgrade+").")
+			return
+		}
 	}
 	if !pol.Covered || pol.Off {
 		res.outcome = outcomePassthrough
@@ -204,13 +280,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// (The request's own one-element slice: parseKey saw exactly one value.)
 	w.Header()[h.opts.KeyHeader] = r.Header.Values(h.opts.KeyHeader)
 
-	body, err := h.readBody(r)
+	body, err := readBody(w, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
 			res.outcome, res.status = outcomeTooLarge, http.StatusRequestEntityTooLarge
 			writeProblem(w, res.status, typeBodyTooLarge, "Request body is too large",
 				fmt.Sprintf("Requests with an %s may carry at most %d bytes.", h.opts.KeyHeader, h.opts.MaxBodyBytes))
+			return
+		}
+		if errors.Is(err, errBodyTimeout) {
+			res.outcome, res.status = outcomeInvalid, http.StatusRequestTimeout
+			w.Header().Set("Connection", "close")
+			writeProblem(w, res.status, typeRequestTimeout, "Request body not received in time",
+				fmt.Sprintf("The request body did not arrive within %v. Nothing was executed; retry with the same key.", h.opts.RequestReadTimeout))
 			return
 		}
 		res.outcome, res.status = outcomeInvalid, http.StatusBadRequest
@@ -226,7 +309,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil && rec != nil:
 		res.outcome = outcomeReplayed
-		res.status = h.replay(w, rec)
+		res.status = h.replay(w, rec, &res)
 	case err == nil:
 		res.outcome = outcomeExecuted
 		if lease.TakenOver {
@@ -234,6 +317,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.metrics.takeoverAge.Observe(lease.TakeoverAge.Seconds())
 		}
 		h.execute(w, r, body, lease, pol, &res)
+	case errors.Is(err, claim.ErrOtherUpstream):
+		res.outcome, res.status = outcomeMismatch, http.StatusUnprocessableEntity
+		writeProblem(w, res.status, typeKeyReused, h.titleUse,
+			"This key was first used for a request to another upstream service.")
 	case errors.Is(err, claim.ErrMismatch):
 		res.outcome, res.status = outcomeMismatch, http.StatusUnprocessableEntity
 		writeProblem(w, res.status, typeKeyReused, h.titleUse,
@@ -251,7 +338,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case r.Context().Err() != nil:
 		// The client left while we waited; nothing was claimed.
 		res.outcome, res.status = outcomeInFlight, 499
-	case pol.FailOpen:
+	case pol.FailOpen && claim.Unavailable(err):
+		// Only an outage: a Redis that answers but refuses (out of memory
+		// under noeviction) is no reason to drop the guarantee.
 		res.outcome = outcomeFailOpen
 		hlog.FromRequest(r).Warn().Err(err).Str("key_hash", res.keyHash).
 			Msg("Redis unreachable; forwarding without idempotency guarantee (fail open)")
@@ -259,7 +348,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.passthrough(w, r, &res)
 	default:
 		res.outcome, res.status = outcomeStoreError, http.StatusServiceUnavailable
-		hlog.FromRequest(r).Error().Err(err).Str("key_hash", res.keyHash).Msg("Redis unreachable; answering 503 (fail closed)")
+		msg := "Redis unreachable; answering 503 (fail closed)"
+		if !claim.Unavailable(err) {
+			msg = "Redis refused the claim; answering 503"
+		}
+		hlog.FromRequest(r).Error().Err(err).Str("key_hash", res.keyHash).Msg(msg)
 		writeProblem(w, res.status, typeStoreUnavailable, "Idempotency store is unavailable",
 			"The request was not forwarded. Retry later with the same key.")
 	}
@@ -299,39 +392,6 @@ func (h *Handler) acquire(ctx context.Context, k claim.Key, fp claim.Fingerprint
 		}
 		backoff = min(backoff*2, 200*time.Millisecond)
 	}
-}
-
-// readBody reads a keyed request's body, at most MaxBodyBytes of it.
-func (h *Handler) readBody(r *http.Request) ([]byte, error) {
-	if r.Body == nil || r.Body == http.NoBody {
-		return nil, nil
-	}
-	limit := h.opts.MaxBodyBytes
-	if r.ContentLength > limit {
-		return nil, &http.MaxBytesError{Limit: limit}
-	}
-	if r.ContentLength >= 0 {
-		b := make([]byte, r.ContentLength)
-		if _, err := io.ReadFull(r.Body, b); err != nil {
-			return nil, fmt.Errorf("read request body: %w", err)
-		}
-		return b, nil
-	}
-	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
-	if err != nil {
-		return nil, fmt.Errorf("read request body: %w", err)
-	}
-	if int64(len(b)) > limit {
-		return nil, &http.MaxBytesError{Limit: limit}
-	}
-	return b, nil
-}
-
-func bodyReader(b []byte) io.ReadCloser {
-	if len(b) == 0 {
-		return http.NoBody
-	}
-	return io.NopCloser(bytes.NewReader(b))
 }
 
 // fingerprint is SHA-256 over the method, the escaped path, the raw query as
@@ -378,31 +438,60 @@ func (h *Handler) scope(r *http.Request, buf []string) []string {
 	return vals
 }
 
-// replay writes a recorded answer.
-func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record) int {
+// replay writes a recorded answer, within UPSTREAM_TIMEOUT: a client that
+// never reads must not hold the handler.
+func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record, res *result) int {
 	hdr := w.Header()
 	hdr["Idempotent-Replayed"] = replayedTrue
 	if rec.BodyNotStored {
 		writeProblem(w, rec.Status, typeResponseNotStored, "Original response too large to replay",
 			"The first request with this key was executed and answered with status "+strconv.Itoa(rec.Status)+
-				", but its response body was too large (or streaming) to be recorded. It is not executed again.")
+				", but its response body was too large, streaming, or cut off to be recorded. It is not executed again.")
 		return rec.Status
 	}
 	echo := hdr.Values(h.opts.KeyHeader)
 	copyRecordable(hdr, rec.Header)
 	hdr[h.opts.KeyHeader] = echo
+	if len(rec.Trailer) > 0 {
+		// Trailers need a chunked body: no length, and announced up front.
+		delete(hdr, "Content-Length")
+		for name := range rec.Trailer {
+			hdr.Add("Trailer", name)
+		}
+	}
+	if rc := http.NewResponseController(w); rc.SetWriteDeadline(time.Now().Add(h.opts.UpstreamTimeout)) == nil {
+		res.deadline = rc
+	}
 	w.WriteHeader(rec.Status)
 	_, _ = w.Write(rec.Body) // a failed write means the client left; it can retry
+	for name, vv := range rec.Trailer {
+		hdr[name] = vv
+	}
 	return rec.Status
 }
 
-// passthrough forwards without any idempotency handling, streaming the body.
+// passthrough forwards without any idempotency handling, streaming the body
+// both ways. A request body must keep arriving (REQUEST_READ_TIMEOUT between
+// reads) and the client must keep reading the answer (UPSTREAM_TIMEOUT per
+// write); a stream that flows is never cut.
 func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *result) {
-	sw := &statusWriter{ResponseWriter: w, keep: proxyHeaders(w.Header(), h.opts.KeyHeader)}
+	rc := http.NewResponseController(w)
+	sw := &statusWriter{ResponseWriter: w, keep: proxyHeaders(w.Header(), h.opts.KeyHeader), rc: rc, writeTimeout: h.opts.UpstreamTimeout}
+	if r.Body != nil && r.Body != http.NoBody {
+		sw.body = &idleBody{ReadCloser: r.Body, rc: rc, timeout: h.opts.RequestReadTimeout}
+		r.Body = sw.body
+	}
 	defer func() { // also when ReverseProxy aborts (panics) mid-body
 		res.status = sw.status
 		if res.status == 0 {
 			res.status = http.StatusBadGateway
+		}
+		if sw.deadlines {
+			_ = rc.SetWriteDeadline(time.Now().Add(h.opts.UpstreamTimeout))
+			res.deadline = rc
+		}
+		if sw.body != nil {
+			_ = rc.SetReadDeadline(time.Time{})
 		}
 	}()
 	h.rp.ServeHTTP(sw, r)
@@ -429,12 +518,17 @@ func (s savedHeaders) restore(h http.Header) {
 	}
 }
 
-// statusWriter remembers the status for the access log; Unwrap lets
-// ReverseProxy flush and hijack (protocol upgrades) through it.
+// statusWriter remembers the status for the access log and puts a write
+// deadline on each write; Unwrap lets ReverseProxy flush and hijack
+// (protocol upgrades) through it.
 type statusWriter struct {
 	http.ResponseWriter
-	status int
-	keep   savedHeaders
+	status       int
+	keep         savedHeaders
+	rc           *http.ResponseController
+	writeTimeout time.Duration
+	deadlines    bool      // a write deadline was set
+	body         *idleBody // the request body, when there is one
 }
 
 func (s *statusWriter) WriteHeader(code int) {
@@ -449,6 +543,7 @@ func (s *statusWriter) Write(p []byte) (int, error) {
 	if s.status == 0 {
 		s.status = http.StatusOK
 	}
+	s.deadlines = s.rc.SetWriteDeadline(time.Now().Add(s.writeTimeout)) == nil || s.deadlines
 	return s.ResponseWriter.Write(p)
 }
 
@@ -460,6 +555,13 @@ func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	if ex, ok := w.(*exchange); ok {
 		ex.upErr = err
+		return
+	}
+	if sw, ok := w.(*statusWriter); ok && sw.body != nil && sw.body.timedOut.Load() {
+		hlog.FromRequest(r).Warn().Err(err).Msg("request body stalled; forward abandoned")
+		w.Header().Set("Connection", "close")
+		writeProblem(w, http.StatusRequestTimeout, typeRequestTimeout, "Request body not received in time",
+			fmt.Sprintf("The request body stopped arriving for %v.", h.opts.RequestReadTimeout))
 		return
 	}
 	status, typ, title := classifyUpstreamError(err, !isDialError(err))

@@ -24,18 +24,20 @@ const (
 	outcomeUpstreamError = "upstream_error" // timeout or broken answer after sending: claim kept
 	outcomePassthrough   = "passthrough"    // method not covered, or route "off"
 	outcomeNoKey         = "no_key"         // covered, no key, key not required: forwarded as is
+	outcomeLost          = "lost"           // our claim expired and was taken over: the key executed twice
 )
 
 // Metrics are the proxy's Prometheus series.
 type Metrics struct {
-	requests       *prometheus.CounterVec
-	responses      *prometheus.CounterVec
-	upstream       *prometheus.HistogramVec
-	script         *prometheus.HistogramVec
-	inflight       prometheus.Gauge
-	recordFailures prometheus.Counter
-	takeoverAge    prometheus.Histogram
-	cacheHits      prometheus.Counter
+	requests         *prometheus.CounterVec
+	responses        *prometheus.CounterVec
+	upstream         *prometheus.HistogramVec
+	script           *prometheus.HistogramVec
+	inflight         prometheus.Gauge
+	recordFailures   prometheus.Counter
+	doubleExecutions prometheus.Counter
+	takeoverAge      prometheus.Histogram
+	cacheHits        prometheus.Counter
 
 	mu      sync.RWMutex
 	counted map[[3]string]prometheus.Counter // (family, route, label) -> series
@@ -88,6 +90,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemproxy_record_failures_total",
 			Help: "Upstream answers that could not be recorded (Redis lost after retries); their keys stay in flight until the lock TTL.",
 		}),
+		doubleExecutions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemproxy_double_executions_total",
+			Help: "Keys known to have executed twice: this request's claim expired and another request took it over before the answer could be recorded.",
+		}),
 		takeoverAge: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "idemproxy_takeover_claim_age_seconds",
 			Help:    "Age of the abandoned claim when a request took it over.",
@@ -98,7 +104,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Replays answered from this process's memory, without a Redis round trip.",
 		}),
 	}
-	reg.MustRegister(m.requests, m.responses, m.upstream, m.script, m.inflight, m.recordFailures, m.takeoverAge, m.cacheHits)
+	reg.MustRegister(m.requests, m.responses, m.upstream, m.script, m.inflight, m.recordFailures, m.doubleExecutions, m.takeoverAge, m.cacheHits)
 	return m
 }
 

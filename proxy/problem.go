@@ -21,6 +21,8 @@ const (
 	typeUpstreamFailed      = "urn:idemproxy:problem:upstream-failed"
 	typeResponseNotStored   = "urn:idemproxy:problem:response-not-stored"
 	typeRecordUnreadable    = "urn:idemproxy:problem:record-unreadable"
+	typeRequestTimeout      = "urn:idemproxy:problem:request-timeout"
+	typeUpgradeRefused      = "urn:idemproxy:problem:upgrade-refused"
 )
 
 type problem struct {
@@ -37,6 +39,7 @@ func writeProblem(w http.ResponseWriter, status int, typ, title, detail string) 
 	if err != nil { // cannot happen for strings and ints
 		body = []byte(`{"title":"internal error"}`)
 	}
+	body = append(body, '\n') // as curl users expect: the prompt on a line of its own
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))

@@ -22,6 +22,7 @@ type Policy struct {
 	Wait     time.Duration // how long a duplicate waits for the first (0: 409 at once)
 	FailOpen bool          // Redis unreachable: forward without guarantee
 	Store5xx bool          // record 5xx answers instead of releasing the key
+	Upgrade  bool          // rule says "upgrade": protocol switches (WebSocket) are tunnelled
 }
 
 // Route is one parsed ROUTES rule. Nil option fields inherit the global
@@ -37,6 +38,7 @@ type Route struct {
 	Off      bool
 	FailOpen *bool
 	Store5xx *bool
+	Upgrade  bool
 }
 
 // apply returns base with the rule's options on top. A rule names its
@@ -45,6 +47,7 @@ func (rt *Route) apply(base Policy) Policy {
 	p := base
 	p.Covered = true
 	p.Off = rt.Off
+	p.Upgrade = rt.Upgrade
 	p.Required = base.Required || rt.Required
 	if rt.TTL != nil {
 		p.TTL = *rt.TTL
@@ -72,7 +75,7 @@ var routeMethods = map[string]bool{
 
 // ParseRoutes parses the ROUTES variable: rules separated by ";", each a
 // method, a chi route pattern and options (ttl=DUR lock=DUR wait=DUR
-// required off fail=open|closed on5xx=release|store). Errors quote the rule.
+// required off upgrade fail=open|closed on5xx=release|store). Errors quote the rule.
 func ParseRoutes(spec string) ([]Route, error) {
 	var routes []Route
 	seen := map[string]string{}
@@ -140,13 +143,16 @@ func parseRule(rule string) (Route, error) {
 			default:
 				rt.Wait = &d
 			}
-		case "required", "off":
+		case "required", "off", "upgrade":
 			if hasVal {
 				return Route{}, fmt.Errorf("option %q takes no value", name)
 			}
-			if name == "off" {
+			switch name {
+			case "off":
 				rt.Off = true
-			} else {
+			case "upgrade":
+				rt.Upgrade = true
+			default:
 				rt.Required = true
 			}
 		case "fail":
@@ -162,13 +168,20 @@ func parseRule(rule string) (Route, error) {
 			}
 			rt.Store5xx = &b
 		default:
-			return Route{}, fmt.Errorf("unknown option %q (want ttl=, lock=, wait=, required, off, fail=, on5xx=)", opt)
+			return Route{}, fmt.Errorf("unknown option %q (want ttl=, lock=, wait=, required, off, upgrade, fail=, on5xx=)", opt)
 		}
 	}
-	if rt.Off && len(f) > 3 {
-		return Route{}, fmt.Errorf("option off cannot be combined with other options")
+	if rt.Off && len(f) > 3+btoi(rt.Upgrade) {
+		return Route{}, fmt.Errorf("option off cannot be combined with options other than upgrade")
 	}
 	return rt, nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // router finds the ROUTES rule a request matches, with chi's matching rules

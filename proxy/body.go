@@ -1,0 +1,134 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// bodyChunk is the unit in which a keyed request body is buffered while it
+// arrives. A body is never buffered in one piece sized by its declared
+// Content-Length: a client may declare a megabyte and send nothing, and
+// hundreds of such connections would pin that much memory each.
+const bodyChunk = 16 << 10
+
+var chunkPool = sync.Pool{New: func() any { b := make([]byte, bodyChunk); return &b }}
+
+// errBodyTimeout: the body did not arrive within REQUEST_READ_TIMEOUT.
+var errBodyTimeout = errors.New("request body not received within REQUEST_READ_TIMEOUT")
+
+// readBody reads a keyed request's body, at most limit bytes, within
+// timeout. It holds at most what has arrived plus one chunk until the body is
+// complete, then copies it into one slice of its real size.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.Duration) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	if r.ContentLength > limit {
+		return nil, &http.MaxBytesError{Limit: limit}
+	}
+	rc := http.NewResponseController(w)
+	if err := rc.SetReadDeadline(time.Now().Add(timeout)); err == nil {
+		// Cleared for the next request on this connection; a connection
+		// whose body timed out is closed by the server anyway.
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	}
+	b, err := readChunked(r.Body, r.ContentLength, limit)
+	if isTimeout(err) {
+		return nil, errBodyTimeout
+	}
+	return b, err
+}
+
+// readChunked reads all of body (declared bytes, or -1 for unknown) into a
+// slice, failing with *http.MaxBytesError past limit.
+func readChunked(body io.Reader, declared, limit int64) ([]byte, error) {
+	if declared >= 0 && declared <= bodyChunk {
+		// Small and declared: one allocation no larger than a chunk.
+		b := make([]byte, declared)
+		if _, err := io.ReadFull(body, b); err != nil {
+			return nil, fmt.Errorf("read request body: %w", err)
+		}
+		return b, nil
+	}
+	var chunks []*[]byte
+	defer func() {
+		for _, c := range chunks {
+			*c = (*c)[:bodyChunk]
+			chunkPool.Put(c)
+		}
+	}()
+	var total int64
+	for done := false; !done; {
+		c := chunkPool.Get().(*[]byte)
+		chunks = append(chunks, c)
+		n := 0
+		for n < len(*c) {
+			m, err := body.Read((*c)[n:])
+			n += m
+			if err == io.EOF {
+				done = true
+				break
+			}
+			if err != nil {
+				return nil, fmt.Errorf("read request body: %w", err)
+			}
+		}
+		*c = (*c)[:n]
+		total += int64(n)
+		if total > limit {
+			return nil, &http.MaxBytesError{Limit: limit}
+		}
+	}
+	if declared >= 0 && total != declared { // net/http enforces it; be sure
+		return nil, fmt.Errorf("read request body: %d bytes, Content-Length %d", total, declared)
+	}
+	out := make([]byte, 0, total)
+	for _, c := range chunks {
+		out = append(out, *c...)
+	}
+	return out, nil
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return err != nil && errors.As(err, &ne) && ne.Timeout()
+}
+
+// idleBody bounds a streamed pass-through request body: each read must
+// bring bytes within timeout (a long upload that flows is never cut; one
+// that stalls is).
+type idleBody struct {
+	io.ReadCloser
+	rc       *http.ResponseController
+	timeout  time.Duration
+	timedOut atomic.Bool
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	_ = b.rc.SetReadDeadline(time.Now().Add(b.timeout))
+	n, err := b.ReadCloser.Read(p)
+	switch {
+	case err == io.EOF:
+		// net/http now reads the connection in the background to notice a
+		// client that hangs up; a deadline left armed would fire there and
+		// cancel the request while the upstream is still answering.
+		_ = b.rc.SetReadDeadline(time.Time{})
+	case isTimeout(err):
+		b.timedOut.Store(true)
+	}
+	return n, err
+}
+
+func bodyReader(b []byte) io.ReadCloser {
+	if len(b) == 0 {
+		return http.NoBody
+	}
+	return io.NopCloser(bytes.NewReader(b))
+}
