@@ -202,14 +202,27 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 		if c.RedisURL != "" {
 			bad("REDIS_URL=%q: only used with REDIS_MODE=standalone; with REDIS_MODE=%s set REDIS_ADDRS", redactURL(c.RedisURL), c.RedisMode)
 		}
-		if len(c.RedisAddrs) == 0 {
-			bad("REDIS_ADDRS is required with REDIS_MODE=%s (comma-separated host:port seeds)", c.RedisMode)
-		}
+		// Seeds are trimmed ("a:26379, b:26379" is two seeds, not one and
+		// " b:26379", which no resolver dials) and empty entries dropped.
+		rawAddrs := value("REDIS_ADDRS", strings.Join(c.RedisAddrs, ","))
+		addrs := make([]string, 0, len(c.RedisAddrs))
 		for _, a := range c.RedisAddrs {
-			if h, port, ok := strings.Cut(strings.TrimSpace(a), ":"); !ok || h == "" || port == "" {
-				bad("REDIS_ADDRS=%q: %q is not host:port", strings.Join(c.RedisAddrs, ","), a)
+			if a = strings.TrimSpace(a); a != "" {
+				addrs = append(addrs, a)
 			}
 		}
+		switch {
+		case len(addrs) == 0 && len(c.RedisAddrs) > 0:
+			bad("REDIS_ADDRS=%q: no host:port in it, only separators and blanks; with REDIS_MODE=%s list the seeds (host:port,host:port)", rawAddrs, c.RedisMode)
+		case len(addrs) == 0:
+			bad("REDIS_ADDRS is required with REDIS_MODE=%s (comma-separated host:port seeds)", c.RedisMode)
+		}
+		for _, a := range addrs {
+			if h, port, ok := strings.Cut(a, ":"); !ok || h == "" || port == "" || strings.ContainsAny(a, " \t") {
+				bad("REDIS_ADDRS=%q: %q is not host:port", rawAddrs, a)
+			}
+		}
+		c.RedisAddrs = addrs
 		if c.RedisMode == "sentinel" && c.RedisMasterName == "" {
 			bad("REDIS_MASTER_NAME is required with REDIS_MODE=sentinel")
 		}
