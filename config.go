@@ -51,7 +51,7 @@ type Config struct {
 	Routes                 string        `env:"ROUTES"`
 	LogLevel               string        `env:"LOG_LEVEL" envDefault:"info"`
 	LogFormat              string        `env:"LOG_FORMAT" envDefault:"json"`
-	ShutdownTimeout        time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
+	ShutdownTimeout        time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"45s"`
 
 	// Derived by loadConfig.
 	warnings []string // allowed but risky settings, for the log and /readyz
@@ -284,6 +284,12 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 		bad("UPSTREAM_TIMEOUT=%q must be below LOCK_TTL=%q: otherwise a request still running could lose its claim and execute twice",
 			value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()), value("LOCK_TTL", c.LockTTL.String()))
 	}
+	if c.UpstreamTimeout > 0 && c.ShutdownTimeout > 0 && c.ShutdownTimeout < c.UpstreamTimeout+recordBudget {
+		bad("SHUTDOWN_TIMEOUT=%q must be at least UPSTREAM_TIMEOUT=%q + %v: on SIGTERM a request in flight may wait UPSTREAM_TIMEOUT for its answer and then up to %v to record it; "+
+			"a shorter SHUTDOWN_TIMEOUT exits with its claim in flight, and the client's retry executes again after LOCK_TTL. Raise SHUTDOWN_TIMEOUT to %v or more (and the pod's termination grace period above it)",
+			value("SHUTDOWN_TIMEOUT", c.ShutdownTimeout.String()), value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()),
+			recordBudget, recordBudget, c.UpstreamTimeout+recordBudget)
+	}
 	if c.MaxKeyLength <= 0 && !failed["MAX_KEY_LENGTH"] {
 		bad("MAX_KEY_LENGTH=%q: must be above zero", value("MAX_KEY_LENGTH", fmt.Sprint(c.MaxKeyLength)))
 	}
@@ -344,6 +350,12 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 	}
 	return p
 }
+
+// recordBudget is how long the proxy may spend recording one answer after
+// the upstream answered, retries included: proxy's completionTimeout. A
+// graceful shutdown must leave UPSTREAM_TIMEOUT plus this to the requests in
+// flight, or it exits with their claims still held.
+const recordBudget = 10 * time.Second
 
 // minRecordWindow is the time a claim should have left after the longest
 // upstream call, for the completion and its retries.

@@ -257,6 +257,10 @@ Render-time checks. Each fails with a message that names the value to change.
 {{- if ge $upstream $lock }}
 {{- fail (printf "config.upstreamTimeout (UPSTREAM_TIMEOUT=%s) must be below config.lockTTL (LOCK_TTL=%s): a claim must outlive the upstream call it guards" $c.upstreamTimeout $c.lockTTL) }}
 {{- end }}
+{{- $shutdown := include "idemproxy.durationSeconds" (dict "name" "config.shutdownTimeout (SHUTDOWN_TIMEOUT)" "value" $c.shutdownTimeout) | float64 }}
+{{- if lt $shutdown (addf $upstream 10.0) }}
+{{- fail (printf "config.shutdownTimeout (SHUTDOWN_TIMEOUT=%s) must be at least config.upstreamTimeout (UPSTREAM_TIMEOUT=%s) + 10s: on SIGTERM a request in flight may wait UPSTREAM_TIMEOUT for its answer and then up to 10s to record it; a shorter shutdown leaves its claim in flight and the retry executes again after LOCK_TTL (the proxy refuses to start with it)" $c.shutdownTimeout $c.upstreamTimeout) }}
+{{- end }}
 {{- range $i, $r := $c.routes }}
 {{- if $r.lock }}
 {{- $rl := include "idemproxy.durationSeconds" (dict "name" (printf "config.routes[%d].lock" $i) "value" $r.lock) | float64 }}
