@@ -290,11 +290,23 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 			value("SHUTDOWN_TIMEOUT", c.ShutdownTimeout.String()), value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()),
 			recordBudget, recordBudget, c.UpstreamTimeout+recordBudget)
 	}
+	if c.TTL > 0 && c.LockTTL > 0 && c.TTL < c.LockTTL {
+		bad("TTL=%q must not be below LOCK_TTL=%q: a completed answer would be forgotten before an in-flight claim of the same key expires",
+			value("TTL", c.TTL.String()), value("LOCK_TTL", c.LockTTL.String()))
+	}
 	if c.MaxKeyLength <= 0 && !failed["MAX_KEY_LENGTH"] {
 		bad("MAX_KEY_LENGTH=%q: must be above zero", value("MAX_KEY_LENGTH", fmt.Sprint(c.MaxKeyLength)))
 	}
 	if c.MaxBodyBytes <= 0 && !failed["MAX_BODY_BYTES"] {
 		bad("MAX_BODY_BYTES=%q: must be above zero", value("MAX_BODY_BYTES", fmt.Sprint(c.MaxBodyBytes)))
+	}
+	if c.MaxBodyBytes > maxBufferedBytes {
+		bad("MAX_BODY_BYTES=%q: at most %d (64 MiB): every keyed request in flight may hold that much in memory",
+			value("MAX_BODY_BYTES", fmt.Sprint(c.MaxBodyBytes)), maxBufferedBytes)
+	}
+	if c.MaxStoredResponseBytes > maxBufferedBytes {
+		bad("MAX_STORED_RESPONSE_BYTES=%q: at most %d (64 MiB): every answer being recorded may hold that much in memory, and each record is one Redis value",
+			value("MAX_STORED_RESPONSE_BYTES", fmt.Sprint(c.MaxStoredResponseBytes)), maxBufferedBytes)
 	}
 	if c.ReplayCacheBytes < 0 {
 		bad("REPLAY_CACHE_BYTES=%q: must not be negative (0 disables the cache)", value("REPLAY_CACHE_BYTES", fmt.Sprint(c.ReplayCacheBytes)))
@@ -325,6 +337,18 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 		if rt.LockTTL != nil && c.UpstreamTimeout >= *rt.LockTTL {
 			bad("ROUTES rule %q: lock=%s must be above UPSTREAM_TIMEOUT=%q", rt.Rule, rt.LockTTL.String(), c.UpstreamTimeout.String())
 		}
+		// The route's effective TTL must not be below its effective lock.
+		ttl, ttlFrom := c.TTL, "TTL="+value("TTL", c.TTL.String())
+		if rt.TTL != nil {
+			ttl, ttlFrom = *rt.TTL, "ttl="+rt.TTL.String()
+		}
+		lock, lockFrom := c.LockTTL, "LOCK_TTL="+value("LOCK_TTL", c.LockTTL.String())
+		if rt.LockTTL != nil {
+			lock, lockFrom = *rt.LockTTL, "lock="+rt.LockTTL.String()
+		}
+		if (rt.TTL != nil || rt.LockTTL != nil) && ttl > 0 && lock > 0 && ttl < lock {
+			bad("ROUTES rule %q: %s must not be below %s: a completed answer would be forgotten before an in-flight claim of the same key expires", rt.Rule, ttlFrom, lockFrom)
+		}
 	}
 	c.routes = routes
 
@@ -350,6 +374,11 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 	}
 	return p
 }
+
+// maxBufferedBytes bounds MAX_BODY_BYTES and MAX_STORED_RESPONSE_BYTES:
+// each keyed request in flight may buffer its body, and each answer being
+// recorded its body, in memory; records are single Redis values.
+const maxBufferedBytes = 64 << 20
 
 // recordBudget is how long the proxy may spend recording one answer after
 // the upstream answered, retries included: proxy's completionTimeout. A

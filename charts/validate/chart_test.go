@@ -487,6 +487,8 @@ func TestRenderFails(t *testing.T) {
 		{"bad route on5xx", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].on5xx=keep"}, "/config/routes/0/on5xx"},
 		{"unknown route option", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].tll=1h"}, "additional properties 'tll' not allowed"},
 		{"no upstream", []string{"--set", "config.upstreamURL="}, "upstreamURL"},
+		{"body bound", []string{"--set", "config.maxBodyBytes=67108865"}, "/config/maxBodyBytes"},
+		{"stored bound", []string{"--set", "config.maxStoredResponseBytes=67108865"}, "/config/maxStoredResponseBytes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
