@@ -183,7 +183,17 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 	switch c.RedisMode {
 	case "standalone":
 		if c.RedisURL != "" {
-			if _, err := redis.ParseURL(c.RedisURL); err != nil {
+			if opt, err := redis.ParseURL(c.RedisURL); err == nil {
+				// WAIT holds the connection for up to REDIS_WAIT_TIMEOUT: a
+				// read_timeout= that ends first makes every claim an I/O
+				// error. Without read_timeout= the proxy raises it itself.
+				if c.RedisWaitReplicas > 0 && opt.ReadTimeout > 0 && c.RedisWaitTimeout >= opt.ReadTimeout {
+					bad("REDIS_WAIT_TIMEOUT=%q must be below the read_timeout=%v that REDIS_URL sets: WAIT holds the connection for up to REDIS_WAIT_TIMEOUT, "+
+						"and a read timeout that ends first turns every claim into an I/O error instead of \"not acknowledged by enough replicas\". "+
+						"Raise read_timeout above it, or remove it (the proxy then uses REDIS_WAIT_TIMEOUT + 1s)",
+						value("REDIS_WAIT_TIMEOUT", c.RedisWaitTimeout.String()), opt.ReadTimeout)
+				}
+			} else {
 				if shown := redactURL(c.RedisURL); shown != c.RedisURL {
 					// The parser's message may quote parts of the password.
 					bad("REDIS_URL=%q: malformed URL", shown)

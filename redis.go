@@ -23,6 +23,21 @@ const (
 	dialerRetries = 1
 )
 
+// defaultReadTimeout is go-redis's read timeout when none is set.
+const defaultReadTimeout = 5 * time.Second
+
+// waitReadTimeout is the read timeout the Redis client needs with
+// REDIS_WAIT_REPLICAS: WAIT holds the connection for up to
+// REDIS_WAIT_TIMEOUT, and a read timeout that ends first turns every claim
+// into an I/O error instead of "not acknowledged by enough replicas". So it
+// is at least REDIS_WAIT_TIMEOUT + 1s. Zero (go-redis's default) without WAIT.
+func (c *Config) waitReadTimeout() time.Duration {
+	if c.RedisWaitReplicas <= 0 {
+		return 0
+	}
+	return max(defaultReadTimeout, c.RedisWaitTimeout+time.Second)
+}
+
 // store is the Redis the proxy talks to, and how to check and close it.
 type store struct {
 	client   redis.UniversalClient
@@ -38,6 +53,7 @@ func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
 	if cfg.RedisTLS {
 		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
+	readTimeout := cfg.waitReadTimeout()
 	switch {
 	case cfg.RedisMode == "sentinel":
 		c := redis.NewFailoverClient(&redis.FailoverOptions{
@@ -48,6 +64,7 @@ func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
 			TLSConfig:     tlsCfg,
 			MaxRetries:    maxRetries,
 			DialerRetries: dialerRetries,
+			ReadTimeout:   readTimeout,
 		})
 		return &store{client: c, close: func() { _ = c.Close() }}, nil
 	case cfg.RedisMode == "cluster":
@@ -63,6 +80,7 @@ func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
 			TLSConfig:                  tlsCfg,
 			MaxRetries:                 maxRetries,
 			DialerRetries:              dialerRetries,
+			ReadTimeout:                readTimeout,
 		})
 		return &store{client: c, close: func() { _ = c.Close() }}, nil
 	case cfg.RedisURL != "":
@@ -76,6 +94,11 @@ func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
 		}
 		if opt.DialerRetries == 0 {
 			opt.DialerRetries = dialerRetries
+		}
+		// An explicit read_timeout= is kept; loadConfig refused it if WAIT
+		// cannot finish within it.
+		if opt.ReadTimeout == 0 {
+			opt.ReadTimeout = readTimeout
 		}
 		c := redis.NewClient(opt)
 		return &store{client: c, close: func() { _ = c.Close() }}, nil
