@@ -29,6 +29,8 @@ type Config struct {
 	RedisMasterName        string        `env:"REDIS_MASTER_NAME" envDefault:"mymaster"`
 	RedisUsername          string        `env:"REDIS_USERNAME"`
 	RedisPassword          string        `env:"REDIS_PASSWORD"`
+	RedisSentinelUsername  string        `env:"REDIS_SENTINEL_USERNAME"`
+	RedisSentinelPassword  string        `env:"REDIS_SENTINEL_PASSWORD"`
 	RedisTLS               bool          `env:"REDIS_TLS" envDefault:"false"`
 	RedisWaitReplicas      int           `env:"REDIS_WAIT_REPLICAS" envDefault:"0"`
 	RedisWaitTimeout       time.Duration `env:"REDIS_WAIT_TIMEOUT" envDefault:"1s"`
@@ -238,6 +240,17 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 		}
 	default:
 		bad("REDIS_MODE=%q: want standalone, sentinel or cluster", c.RedisMode)
+	}
+	// Sentinel credentials: never quoted, only named.
+	if c.RedisMode != "sentinel" {
+		if c.RedisSentinelUsername != "" {
+			bad("REDIS_SENTINEL_USERNAME is set but REDIS_MODE=%q: it authenticates to the sentinels and is only used with REDIS_MODE=sentinel; unset it", c.RedisMode)
+		}
+		if c.RedisSentinelPassword != "" {
+			bad("REDIS_SENTINEL_PASSWORD is set but REDIS_MODE=%q: it authenticates to the sentinels and is only used with REDIS_MODE=sentinel; unset it", c.RedisMode)
+		}
+	} else if c.RedisSentinelUsername != "" && c.RedisSentinelPassword == "" {
+		bad("REDIS_SENTINEL_USERNAME is set without REDIS_SENTINEL_PASSWORD: the sentinels are authenticated with both (set the password, or unset the username to use the default user)")
 	}
 
 	if c.RedisWaitReplicas < 0 {

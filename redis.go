@@ -61,10 +61,14 @@ func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
 			SentinelAddrs: cfg.RedisAddrs,
 			Username:      cfg.RedisUsername,
 			Password:      cfg.RedisPassword,
-			TLSConfig:     tlsCfg,
-			MaxRetries:    maxRetries,
-			DialerRetries: dialerRetries,
-			ReadTimeout:   readTimeout,
+			// The sentinels' own credentials (requirepass or an ACL user
+			// on the sentinels), distinct from the data nodes'.
+			SentinelUsername: cfg.RedisSentinelUsername,
+			SentinelPassword: cfg.RedisSentinelPassword,
+			TLSConfig:        tlsCfg,
+			MaxRetries:       maxRetries,
+			DialerRetries:    dialerRetries,
+			ReadTimeout:      readTimeout,
 		})
 		return &store{client: c, close: func() { _ = c.Close() }}, nil
 	case cfg.RedisMode == "cluster":

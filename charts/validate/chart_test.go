@@ -27,7 +27,7 @@ var contractVars = []string{
 	"LOG_LEVEL", "LOG_FORMAT", "SHUTDOWN_TIMEOUT",
 }
 
-var secretVars = []string{"REDIS_URL", "REDIS_USERNAME", "REDIS_PASSWORD"}
+var secretVars = []string{"REDIS_URL", "REDIS_USERNAME", "REDIS_PASSWORD", "REDIS_SENTINEL_USERNAME", "REDIS_SENTINEL_PASSWORD"}
 
 // dashboardMetrics are the series the Grafana dashboard must query.
 var dashboardMetrics = []string{
@@ -418,6 +418,31 @@ func TestSentinelValues(t *testing.T) {
 	if ref := env["REDIS_PASSWORD"].ValueFrom; ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != "redis-sentinel-auth" || isTrue(ref.SecretKeyRef.Optional) {
 		t.Errorf("REDIS_PASSWORD = %+v, want a required secretKeyRef to redis-sentinel-auth", env["REDIS_PASSWORD"])
 	}
+	// The sentinels' own credentials: from the same Secret, optional there
+	// (sentinels without requirepass need none).
+	for _, v := range []string{"REDIS_SENTINEL_USERNAME", "REDIS_SENTINEL_PASSWORD"} {
+		if ref := env[v].ValueFrom; ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != "redis-sentinel-auth" || !isTrue(ref.SecretKeyRef.Optional) {
+			t.Errorf("%s = %+v, want an optional secretKeyRef to redis-sentinel-auth", v, env[v])
+		}
+	}
+}
+
+// TestInlineSentinelPassword: an inline sentinel password goes to the chart's
+// Secret and reaches the pod as a required secretKeyRef.
+func TestInlineSentinelPassword(t *testing.T) {
+	m := mustRender(t, "--set", "config.redisMode=sentinel", "--set", "config.redisAddrs[0]=s0:26379",
+		"--set", "redis.password=datapw", "--set", "redis.sentinelPassword=sentpw")
+	if len(m.secrets) != 1 || string(m.secrets[0].Data["redis-sentinel-password"]) != "sentpw" {
+		t.Fatalf("Secrets = %+v, want one holding redis-sentinel-password", m.secrets)
+	}
+	env := envByName(m.deployment)
+	ref := env["REDIS_SENTINEL_PASSWORD"].ValueFrom
+	if ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != m.secrets[0].Name || isTrue(ref.SecretKeyRef.Optional) {
+		t.Errorf("REDIS_SENTINEL_PASSWORD valueFrom = %+v, want a required ref to the chart's Secret", ref)
+	}
+	if _, ok := env["REDIS_SENTINEL_USERNAME"]; ok {
+		t.Errorf("REDIS_SENTINEL_USERNAME set though no sentinel username was given")
+	}
 }
 
 // TestInlineRedisURL checks an inline URL goes to a chart-made Secret, never the ConfigMap.
@@ -487,6 +512,7 @@ func TestRenderFails(t *testing.T) {
 		{"bad route on5xx", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].on5xx=keep"}, "/config/routes/0/on5xx"},
 		{"unknown route option", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].tll=1h"}, "additional properties 'tll' not allowed"},
 		{"no upstream", []string{"--set", "config.upstreamURL="}, "upstreamURL"},
+		{"sentinel password outside sentinel mode", []string{"--set", "redis.url=redis://r:6379/0", "--set", "redis.sentinelPassword=x"}, "only used with config.redisMode=sentinel"},
 		{"body bound", []string{"--set", "config.maxBodyBytes=67108865"}, "/config/maxBodyBytes"},
 		{"stored bound", []string{"--set", "config.maxStoredResponseBytes=67108865"}, "/config/maxStoredResponseBytes"},
 	}

@@ -131,7 +131,7 @@ Name of the Secret holding the Redis credentials.
 "true" when the chart creates the Redis Secret itself (inline credentials, no existingSecret).
 */}}
 {{- define "idemproxy.createRedisSecret" -}}
-{{- if and (not .Values.redis.existingSecret) (or .Values.redis.url .Values.redis.username .Values.redis.password) -}}
+{{- if and (not .Values.redis.existingSecret) (or .Values.redis.url .Values.redis.username .Values.redis.password .Values.redis.sentinelUsername .Values.redis.sentinelPassword) -}}
 true
 {{- end }}
 {{- end }}
@@ -239,6 +239,12 @@ Render-time checks. Each fails with a message that names the value to change.
 {{- end }}
 {{- if and (eq $c.redisMode "standalone") (not .Values.redis.existingSecret) (or .Values.redis.username .Values.redis.password) }}
 {{- fail "redis.username and redis.password are for sentinel/cluster mode; in standalone mode put the credentials in redis.url (redis://user:password@host:6379/0)" }}
+{{- end }}
+{{- if and (ne $c.redisMode "sentinel") (or .Values.redis.sentinelUsername .Values.redis.sentinelPassword) }}
+{{- fail (printf "redis.sentinelUsername and redis.sentinelPassword (REDIS_SENTINEL_USERNAME, REDIS_SENTINEL_PASSWORD) authenticate to the sentinels and are only used with config.redisMode=sentinel (it is %s)" $c.redisMode) }}
+{{- end }}
+{{- if and .Values.redis.sentinelUsername (not .Values.redis.sentinelPassword) }}
+{{- fail "redis.sentinelUsername (REDIS_SENTINEL_USERNAME) needs redis.sentinelPassword (REDIS_SENTINEL_PASSWORD)" }}
 {{- end }}
 {{- if and .Values.redis.url (not (regexMatch "^rediss?://" .Values.redis.url)) }}
 {{- fail "redis.url must start with redis:// or rediss://" }}
