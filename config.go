@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"reflect"
@@ -42,6 +43,8 @@ type Config struct {
 	TTL                    time.Duration `env:"TTL" envDefault:"24h"`
 	LockTTL                time.Duration `env:"LOCK_TTL" envDefault:"60s"`
 	UpstreamTimeout        time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"30s"`
+	UpstreamID             string        `env:"UPSTREAM_ID"`
+	RequestReadTimeout     time.Duration `env:"REQUEST_READ_TIMEOUT" envDefault:"10s"`
 	RequireKey             bool          `env:"REQUIRE_KEY" envDefault:"false"`
 	MaxKeyLength           int           `env:"MAX_KEY_LENGTH" envDefault:"255"`
 	MaxBodyBytes           int64         `env:"MAX_BODY_BYTES" envDefault:"1048576"`
@@ -58,8 +61,13 @@ type Config struct {
 	// Derived by loadConfig.
 	warnings []string // allowed but risky settings, for the log and /readyz
 	upstream *url.URL
-	routes   []proxy.Route
-	level    zerolog.Level
+	// upstreamID is UPSTREAM_ID, or when it is unset or empty the identity
+	// derived from UPSTREAM_URL (see deriveUpstreamID). It is part of the
+	// request fingerprint: answers recorded in front of one upstream are
+	// never replayed by a proxy in front of another.
+	upstreamID string
+	routes     []proxy.Route
+	level      zerolog.Level
 }
 
 // loadConfig parses and validates the environment (KEY=value entries, as
@@ -181,6 +189,18 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 			c.upstream = u
 		}
 	}
+	switch id := strings.TrimSpace(c.UpstreamID); {
+	case c.UpstreamID != "" && id == "":
+		bad("UPSTREAM_ID=%q: blank; leave it empty to derive it from UPSTREAM_URL, or give an identifier", c.UpstreamID)
+	case len(id) > maxUpstreamIDBytes:
+		bad("UPSTREAM_ID=%q...: %d bytes, at most %d", id[:32], len(id), maxUpstreamIDBytes)
+	case strings.IndexFunc(id, func(r rune) bool { return r < 0x20 || r > 0x7e }) >= 0:
+		bad("UPSTREAM_ID=%q: only printable ASCII characters are allowed", id)
+	case id != "":
+		c.upstreamID = id
+	case c.upstream != nil:
+		c.upstreamID = deriveUpstreamID(c.upstream)
+	}
 
 	switch c.RedisMode {
 	case "standalone":
@@ -300,6 +320,7 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 	positive("LOCK_TTL", c.LockTTL)
 	positive("UPSTREAM_TIMEOUT", c.UpstreamTimeout)
 	positive("SHUTDOWN_TIMEOUT", c.ShutdownTimeout)
+	positive("REQUEST_READ_TIMEOUT", c.RequestReadTimeout)
 	if c.WaitTimeout < 0 {
 		bad("WAIT_TIMEOUT=%q: must not be negative", value("WAIT_TIMEOUT", c.WaitTimeout.String()))
 	}
@@ -396,6 +417,34 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 		c.warnings = append(c.warnings, "FAIL_MODE=open: while Redis is unreachable, requests are forwarded without any guarantee")
 	}
 	return p
+}
+
+// maxUpstreamIDBytes bounds UPSTREAM_ID.
+const maxUpstreamIDBytes = 512
+
+// deriveUpstreamID is the default UPSTREAM_ID: UPSTREAM_URL as
+// scheme://host[:port]/path, with the host lowercased, the scheme's default
+// port dropped, a bare "/" path dropped, and credentials, query and
+// fragment removed. So http://User:pw@API.example:80/v1/?x=1 and
+// http://api.example/v1/ have the same identity.
+func deriveUpstreamID(u *url.URL) string {
+	host := strings.ToLower(u.Hostname())
+	port := u.Port()
+	scheme := strings.ToLower(u.Scheme)
+	if (scheme == "http" && port == "80") || (scheme == "https" && port == "443") {
+		port = ""
+	}
+	switch {
+	case port != "":
+		host = net.JoinHostPort(host, port)
+	case strings.Contains(host, ":"): // IPv6 literal
+		host = "[" + host + "]"
+	}
+	path := u.EscapedPath()
+	if path == "/" {
+		path = ""
+	}
+	return scheme + "://" + host + path
 }
 
 // maxBufferedBytes bounds MAX_BODY_BYTES and MAX_STORED_RESPONSE_BYTES:

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestRedisAddrsTrimmed: "a:26379, b:26379" is two seeds. Before the fix the
@@ -79,6 +80,68 @@ func TestBufferedSizesBounded(t *testing.T) {
 		}
 		if _, err := loadConfig([]string{up, name + "=67108864"}); err != nil {
 			t.Errorf("%s=67108864: %v, want it accepted", name, err)
+		}
+	}
+}
+
+// TestUpstreamID: UPSTREAM_ID defaults to UPSTREAM_URL's identity
+// (scheme://host[:port]/path, normalised), and a set value is validated.
+func TestUpstreamID(t *testing.T) {
+	derived := []struct{ url, want string }{
+		{"http://127.0.0.1:9000", "http://127.0.0.1:9000"},
+		{"http://API.Example.com:80/", "http://api.example.com"},
+		{"https://user:pw@Api.example.com:443/v1/Orders?x=1#frag", "https://api.example.com/v1/Orders"},
+		{"https://api.example.com:8443/v1/", "https://api.example.com:8443/v1/"},
+		{"HTTP://[::1]:80/x", "http://[::1]/x"},
+		{"http://[::1]:8080", "http://[::1]:8080"},
+	}
+	for _, tt := range derived {
+		cfg, err := loadConfig([]string{"UPSTREAM_URL=" + tt.url})
+		if err != nil {
+			t.Errorf("UPSTREAM_URL=%q: %v", tt.url, err)
+			continue
+		}
+		if cfg.upstreamID != tt.want {
+			t.Errorf("UPSTREAM_URL=%q: derived UPSTREAM_ID %q, want %q", tt.url, cfg.upstreamID, tt.want)
+		}
+	}
+	const up = "UPSTREAM_URL=http://127.0.0.1:9000"
+	for _, tt := range []struct{ env, want string }{
+		{"UPSTREAM_ID=payments-v1", "payments-v1"},
+		{"UPSTREAM_ID=  http://old-api.internal:8080  ", "http://old-api.internal:8080"},
+		{"UPSTREAM_ID=", "http://127.0.0.1:9000"}, // empty (as a chart renders it): derived
+	} {
+		cfg, err := loadConfig([]string{up, tt.env})
+		if err != nil || cfg.upstreamID != tt.want {
+			t.Errorf("%s: upstreamID %q, err %v; want %q", tt.env, cfg.upstreamID, err, tt.want)
+		}
+	}
+	for _, tt := range []struct{ env, want string }{
+		{"UPSTREAM_ID=   ", `UPSTREAM_ID="   "`},
+		{"UPSTREAM_ID=" + strings.Repeat("a", 513), "at most 512"},
+		{"UPSTREAM_ID=caf\u00e9", `UPSTREAM_ID="café"`},
+		{"UPSTREAM_ID=a\tb", "printable ASCII"},
+	} {
+		if _, err := loadConfig([]string{up, tt.env}); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%.40s: error %v, want one containing %s", tt.env, err, tt.want)
+		}
+	}
+	if _, err := loadConfig([]string{up, "UPSTREAM_ID=" + strings.Repeat("a", 512)}); err != nil {
+		t.Errorf("UPSTREAM_ID of 512 bytes: %v, want it accepted", err)
+	}
+}
+
+// TestRequestReadTimeout: REQUEST_READ_TIMEOUT defaults to 10s and must be
+// above zero.
+func TestRequestReadTimeout(t *testing.T) {
+	const up = "UPSTREAM_URL=http://127.0.0.1:9000"
+	cfg, err := loadConfig([]string{up})
+	if err != nil || cfg.RequestReadTimeout != 10*time.Second {
+		t.Fatalf("default: %v, err %v; want 10s", cfg.RequestReadTimeout, err)
+	}
+	for _, v := range []string{"0s", "-1s", "soon"} {
+		if _, err := loadConfig([]string{up, "REQUEST_READ_TIMEOUT=" + v}); err == nil || !strings.Contains(err.Error(), `REQUEST_READ_TIMEOUT="`+v+`"`) {
+			t.Errorf("REQUEST_READ_TIMEOUT=%s: error %v, want one naming it", v, err)
 		}
 	}
 }

@@ -22,7 +22,7 @@ import (
 var contractVars = []string{
 	"UPSTREAM_URL", "LISTEN_ADDR", "ADMIN_ADDR", "REDIS_MODE", "REDIS_ADDRS", "REDIS_MASTER_NAME",
 	"REDIS_TLS", "REDIS_WAIT_REPLICAS", "REDIS_WAIT_TIMEOUT", "REDIS_AUTOPIPELINE", "REPLAY_CACHE_BYTES", "KEY_PREFIX", "IDEMPOTENCY_HEADER", "METHODS", "TTL",
-	"LOCK_TTL", "UPSTREAM_TIMEOUT", "REQUIRE_KEY", "MAX_KEY_LENGTH", "MAX_BODY_BYTES",
+	"LOCK_TTL", "UPSTREAM_TIMEOUT", "UPSTREAM_ID", "REQUEST_READ_TIMEOUT", "REQUIRE_KEY", "MAX_KEY_LENGTH", "MAX_BODY_BYTES",
 	"MAX_STORED_RESPONSE_BYTES", "SCOPE_HEADERS", "FAIL_MODE", "WAIT_TIMEOUT", "ON_5XX", "ROUTES",
 	"LOG_LEVEL", "LOG_FORMAT", "SHUTDOWN_TIMEOUT",
 }
@@ -513,6 +513,8 @@ func TestRenderFails(t *testing.T) {
 		{"unknown route option", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].tll=1h"}, "additional properties 'tll' not allowed"},
 		{"no upstream", []string{"--set", "config.upstreamURL="}, "upstreamURL"},
 		{"sentinel password outside sentinel mode", []string{"--set", "redis.url=redis://r:6379/0", "--set", "redis.sentinelPassword=x"}, "only used with config.redisMode=sentinel"},
+		{"request read timeout zero", []string{"--set", "config.requestReadTimeout=0s"}, "config.requestReadTimeout=0s must be above zero"},
+		{"upstream id not ASCII", []string{"--set", "config.upstreamID=café"}, "/config/upstreamID"},
 		{"body bound", []string{"--set", "config.maxBodyBytes=67108865"}, "/config/maxBodyBytes"},
 		{"stored bound", []string{"--set", "config.maxStoredResponseBytes=67108865"}, "/config/maxStoredResponseBytes"},
 	}

@@ -252,7 +252,7 @@ Render-time checks. Each fails with a message that names the value to change.
 {{- if and (eq $c.redisMode "standalone") (or $c.redisAddrs $c.redisTLS) }}
 {{- fail "config.redisAddrs and config.redisTLS are for config.redisMode sentinel/cluster; in standalone mode give a rediss:// URL in redis.url or redis.existingSecret" }}
 {{- end }}
-{{- range $k := list "ttl" "lockTTL" "upstreamTimeout" "waitTimeout" "shutdownTimeout" "redisWaitTimeout" }}
+{{- range $k := list "ttl" "lockTTL" "upstreamTimeout" "waitTimeout" "shutdownTimeout" "redisWaitTimeout" "requestReadTimeout" }}
 {{- $secs := include "idemproxy.durationSeconds" (dict "name" (printf "config.%s" $k) "value" (index $c $k)) | float64 }}
 {{- if and (ne $k "waitTimeout") (le $secs 0.0) }}
 {{- fail (printf "config.%s=%s must be above zero" $k (index $c $k)) }}
