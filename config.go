@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"reflect"
@@ -29,6 +30,8 @@ type Config struct {
 	RedisMasterName        string        `env:"REDIS_MASTER_NAME" envDefault:"mymaster"`
 	RedisUsername          string        `env:"REDIS_USERNAME"`
 	RedisPassword          string        `env:"REDIS_PASSWORD"`
+	RedisSentinelUsername  string        `env:"REDIS_SENTINEL_USERNAME"`
+	RedisSentinelPassword  string        `env:"REDIS_SENTINEL_PASSWORD"`
 	RedisTLS               bool          `env:"REDIS_TLS" envDefault:"false"`
 	RedisWaitReplicas      int           `env:"REDIS_WAIT_REPLICAS" envDefault:"0"`
 	RedisWaitTimeout       time.Duration `env:"REDIS_WAIT_TIMEOUT" envDefault:"1s"`
@@ -40,6 +43,7 @@ type Config struct {
 	TTL                    time.Duration `env:"TTL" envDefault:"24h"`
 	LockTTL                time.Duration `env:"LOCK_TTL" envDefault:"60s"`
 	UpstreamTimeout        time.Duration `env:"UPSTREAM_TIMEOUT" envDefault:"30s"`
+	UpstreamID             string        `env:"UPSTREAM_ID"`
 	RequestReadTimeout     time.Duration `env:"REQUEST_READ_TIMEOUT" envDefault:"10s"`
 	RequireKey             bool          `env:"REQUIRE_KEY" envDefault:"false"`
 	MaxKeyLength           int           `env:"MAX_KEY_LENGTH" envDefault:"255"`
@@ -52,13 +56,18 @@ type Config struct {
 	Routes                 string        `env:"ROUTES"`
 	LogLevel               string        `env:"LOG_LEVEL" envDefault:"info"`
 	LogFormat              string        `env:"LOG_FORMAT" envDefault:"json"`
-	ShutdownTimeout        time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
+	ShutdownTimeout        time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"45s"`
 
 	// Derived by loadConfig.
 	warnings []string // allowed but risky settings, for the log and /readyz
 	upstream *url.URL
-	routes   []proxy.Route
-	level    zerolog.Level
+	// upstreamID is UPSTREAM_ID, or when it is unset or empty the identity
+	// derived from UPSTREAM_URL (see deriveUpstreamID). It is part of the
+	// request fingerprint: answers recorded in front of one upstream are
+	// never replayed by a proxy in front of another.
+	upstreamID string
+	routes     []proxy.Route
+	level      zerolog.Level
 }
 
 // loadConfig parses and validates the environment (KEY=value entries, as
@@ -180,11 +189,33 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 			c.upstream = u
 		}
 	}
+	switch id := strings.TrimSpace(c.UpstreamID); {
+	case c.UpstreamID != "" && id == "":
+		bad("UPSTREAM_ID=%q: blank; leave it empty to derive it from UPSTREAM_URL, or give an identifier", c.UpstreamID)
+	case len(id) > maxUpstreamIDBytes:
+		bad("UPSTREAM_ID=%q...: %d bytes, at most %d", id[:32], len(id), maxUpstreamIDBytes)
+	case strings.IndexFunc(id, func(r rune) bool { return r < 0x20 || r > 0x7e }) >= 0:
+		bad("UPSTREAM_ID=%q: only printable ASCII characters are allowed", id)
+	case id != "":
+		c.upstreamID = id
+	case c.upstream != nil:
+		c.upstreamID = deriveUpstreamID(c.upstream)
+	}
 
 	switch c.RedisMode {
 	case "standalone":
 		if c.RedisURL != "" {
-			if _, err := redis.ParseURL(c.RedisURL); err != nil {
+			if opt, err := redis.ParseURL(c.RedisURL); err == nil {
+				// WAIT holds the connection for up to REDIS_WAIT_TIMEOUT: a
+				// read_timeout= that ends first makes every claim an I/O
+				// error. Without read_timeout= the proxy raises it itself.
+				if c.RedisWaitReplicas > 0 && opt.ReadTimeout > 0 && c.RedisWaitTimeout >= opt.ReadTimeout {
+					bad("REDIS_WAIT_TIMEOUT=%q must be below the read_timeout=%v that REDIS_URL sets: WAIT holds the connection for up to REDIS_WAIT_TIMEOUT, "+
+						"and a read timeout that ends first turns every claim into an I/O error instead of \"not acknowledged by enough replicas\". "+
+						"Raise read_timeout above it, or remove it (the proxy then uses REDIS_WAIT_TIMEOUT + 1s)",
+						value("REDIS_WAIT_TIMEOUT", c.RedisWaitTimeout.String()), opt.ReadTimeout)
+				}
+			} else {
 				if shown := redactURL(c.RedisURL); shown != c.RedisURL {
 					// The parser's message may quote parts of the password.
 					bad("REDIS_URL=%q: malformed URL", shown)
@@ -203,19 +234,43 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 		if c.RedisURL != "" {
 			bad("REDIS_URL=%q: only used with REDIS_MODE=standalone; with REDIS_MODE=%s set REDIS_ADDRS", redactURL(c.RedisURL), c.RedisMode)
 		}
-		if len(c.RedisAddrs) == 0 {
-			bad("REDIS_ADDRS is required with REDIS_MODE=%s (comma-separated host:port seeds)", c.RedisMode)
-		}
+		// Seeds are trimmed ("a:26379, b:26379" is two seeds, not one and
+		// " b:26379", which no resolver dials) and empty entries dropped.
+		rawAddrs := value("REDIS_ADDRS", strings.Join(c.RedisAddrs, ","))
+		addrs := make([]string, 0, len(c.RedisAddrs))
 		for _, a := range c.RedisAddrs {
-			if h, port, ok := strings.Cut(strings.TrimSpace(a), ":"); !ok || h == "" || port == "" {
-				bad("REDIS_ADDRS=%q: %q is not host:port", strings.Join(c.RedisAddrs, ","), a)
+			if a = strings.TrimSpace(a); a != "" {
+				addrs = append(addrs, a)
 			}
 		}
+		switch {
+		case len(addrs) == 0 && len(c.RedisAddrs) > 0:
+			bad("REDIS_ADDRS=%q: no host:port in it, only separators and blanks; with REDIS_MODE=%s list the seeds (host:port,host:port)", rawAddrs, c.RedisMode)
+		case len(addrs) == 0:
+			bad("REDIS_ADDRS is required with REDIS_MODE=%s (comma-separated host:port seeds)", c.RedisMode)
+		}
+		for _, a := range addrs {
+			if h, port, ok := strings.Cut(a, ":"); !ok || h == "" || port == "" || strings.ContainsAny(a, " \t") {
+				bad("REDIS_ADDRS=%q: %q is not host:port", rawAddrs, a)
+			}
+		}
+		c.RedisAddrs = addrs
 		if c.RedisMode == "sentinel" && c.RedisMasterName == "" {
 			bad("REDIS_MASTER_NAME is required with REDIS_MODE=sentinel")
 		}
 	default:
 		bad("REDIS_MODE=%q: want standalone, sentinel or cluster", c.RedisMode)
+	}
+	// Sentinel credentials: never quoted, only named.
+	if c.RedisMode != "sentinel" {
+		if c.RedisSentinelUsername != "" {
+			bad("REDIS_SENTINEL_USERNAME is set but REDIS_MODE=%q: it authenticates to the sentinels and is only used with REDIS_MODE=sentinel; unset it", c.RedisMode)
+		}
+		if c.RedisSentinelPassword != "" {
+			bad("REDIS_SENTINEL_PASSWORD is set but REDIS_MODE=%q: it authenticates to the sentinels and is only used with REDIS_MODE=sentinel; unset it", c.RedisMode)
+		}
+	} else if c.RedisSentinelUsername != "" && c.RedisSentinelPassword == "" {
+		bad("REDIS_SENTINEL_USERNAME is set without REDIS_SENTINEL_PASSWORD: the sentinels are authenticated with both (set the password, or unset the username to use the default user)")
 	}
 
 	if c.RedisWaitReplicas < 0 {
@@ -273,11 +328,29 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 		bad("UPSTREAM_TIMEOUT=%q must be below LOCK_TTL=%q: otherwise a request still running could lose its claim and execute twice",
 			value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()), value("LOCK_TTL", c.LockTTL.String()))
 	}
+	if c.UpstreamTimeout > 0 && c.ShutdownTimeout > 0 && c.ShutdownTimeout < c.UpstreamTimeout+recordBudget {
+		bad("SHUTDOWN_TIMEOUT=%q must be at least UPSTREAM_TIMEOUT=%q + %v: on SIGTERM a request in flight may wait UPSTREAM_TIMEOUT for its answer and then up to %v to record it; "+
+			"a shorter SHUTDOWN_TIMEOUT exits with its claim in flight, and the client's retry executes again after LOCK_TTL. Raise SHUTDOWN_TIMEOUT to %v or more (and the pod's termination grace period above it)",
+			value("SHUTDOWN_TIMEOUT", c.ShutdownTimeout.String()), value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()),
+			recordBudget, recordBudget, c.UpstreamTimeout+recordBudget)
+	}
+	if c.TTL > 0 && c.LockTTL > 0 && c.TTL < c.LockTTL {
+		bad("TTL=%q must not be below LOCK_TTL=%q: a completed answer would be forgotten before an in-flight claim of the same key expires",
+			value("TTL", c.TTL.String()), value("LOCK_TTL", c.LockTTL.String()))
+	}
 	if c.MaxKeyLength <= 0 && !failed["MAX_KEY_LENGTH"] {
 		bad("MAX_KEY_LENGTH=%q: must be above zero", value("MAX_KEY_LENGTH", fmt.Sprint(c.MaxKeyLength)))
 	}
 	if c.MaxBodyBytes <= 0 && !failed["MAX_BODY_BYTES"] {
 		bad("MAX_BODY_BYTES=%q: must be above zero", value("MAX_BODY_BYTES", fmt.Sprint(c.MaxBodyBytes)))
+	}
+	if c.MaxBodyBytes > maxBufferedBytes {
+		bad("MAX_BODY_BYTES=%q: at most %d (64 MiB): every keyed request in flight may hold that much in memory",
+			value("MAX_BODY_BYTES", fmt.Sprint(c.MaxBodyBytes)), maxBufferedBytes)
+	}
+	if c.MaxStoredResponseBytes > maxBufferedBytes {
+		bad("MAX_STORED_RESPONSE_BYTES=%q: at most %d (64 MiB): every answer being recorded may hold that much in memory, and each record is one Redis value",
+			value("MAX_STORED_RESPONSE_BYTES", fmt.Sprint(c.MaxStoredResponseBytes)), maxBufferedBytes)
 	}
 	if c.ReplayCacheBytes < 0 {
 		bad("REPLAY_CACHE_BYTES=%q: must not be negative (0 disables the cache)", value("REPLAY_CACHE_BYTES", fmt.Sprint(c.ReplayCacheBytes)))
@@ -308,6 +381,18 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 		if rt.LockTTL != nil && c.UpstreamTimeout >= *rt.LockTTL {
 			bad("ROUTES rule %q: lock=%s must be above UPSTREAM_TIMEOUT=%q", rt.Rule, rt.LockTTL.String(), c.UpstreamTimeout.String())
 		}
+		// The route's effective TTL must not be below its effective lock.
+		ttl, ttlFrom := c.TTL, "TTL="+value("TTL", c.TTL.String())
+		if rt.TTL != nil {
+			ttl, ttlFrom = *rt.TTL, "ttl="+rt.TTL.String()
+		}
+		lock, lockFrom := c.LockTTL, "LOCK_TTL="+value("LOCK_TTL", c.LockTTL.String())
+		if rt.LockTTL != nil {
+			lock, lockFrom = *rt.LockTTL, "lock="+rt.LockTTL.String()
+		}
+		if (rt.TTL != nil || rt.LockTTL != nil) && ttl > 0 && lock > 0 && ttl < lock {
+			bad("ROUTES rule %q: %s must not be below %s: a completed answer would be forgotten before an in-flight claim of the same key expires", rt.Rule, ttlFrom, lockFrom)
+		}
 	}
 	c.routes = routes
 
@@ -333,6 +418,45 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 	}
 	return p
 }
+
+// maxUpstreamIDBytes bounds UPSTREAM_ID.
+const maxUpstreamIDBytes = 512
+
+// deriveUpstreamID is the default UPSTREAM_ID: UPSTREAM_URL as
+// scheme://host[:port]/path, with the host lowercased, the scheme's default
+// port dropped, a bare "/" path dropped, and credentials, query and
+// fragment removed. So http://User:pw@API.example:80/v1/?x=1 and
+// http://api.example/v1/ have the same identity.
+func deriveUpstreamID(u *url.URL) string {
+	host := strings.ToLower(u.Hostname())
+	port := u.Port()
+	scheme := strings.ToLower(u.Scheme)
+	if (scheme == "http" && port == "80") || (scheme == "https" && port == "443") {
+		port = ""
+	}
+	switch {
+	case port != "":
+		host = net.JoinHostPort(host, port)
+	case strings.Contains(host, ":"): // IPv6 literal
+		host = "[" + host + "]"
+	}
+	path := u.EscapedPath()
+	if path == "/" {
+		path = ""
+	}
+	return scheme + "://" + host + path
+}
+
+// maxBufferedBytes bounds MAX_BODY_BYTES and MAX_STORED_RESPONSE_BYTES:
+// each keyed request in flight may buffer its body, and each answer being
+// recorded its body, in memory; records are single Redis values.
+const maxBufferedBytes = 64 << 20
+
+// recordBudget is how long the proxy may spend recording one answer after
+// the upstream answered, retries included: proxy's completionTimeout. A
+// graceful shutdown must leave UPSTREAM_TIMEOUT plus this to the requests in
+// flight, or it exits with their claims still held.
+const recordBudget = 10 * time.Second
 
 // minRecordWindow is the time a claim should have left after the longest
 // upstream call, for the completion and its retries.

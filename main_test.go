@@ -95,6 +95,14 @@ func TestLoadConfigErrors(t *testing.T) {
 			name: "route lock below UPSTREAM_TIMEOUT", env: []string{up, "ROUTES=POST /v1/payments/* lock=10s"},
 			want: []string{`ROUTES rule "POST /v1/payments/* lock=10s"`, "UPSTREAM_TIMEOUT"},
 		},
+		{
+			name: "SHUTDOWN_TIMEOUT cannot cover UPSTREAM_TIMEOUT and recording", env: []string{up, "SHUTDOWN_TIMEOUT=30s", "UPSTREAM_TIMEOUT=30s"},
+			want: []string{`SHUTDOWN_TIMEOUT="30s"`, `UPSTREAM_TIMEOUT="30s"`, "record", "40s"},
+		},
+		{
+			name: "SHUTDOWN_TIMEOUT below the default UPSTREAM_TIMEOUT and recording", env: []string{up, "SHUTDOWN_TIMEOUT=39s"},
+			want: []string{`SHUTDOWN_TIMEOUT="39s"`, `UPSTREAM_TIMEOUT="30s"`},
+		},
 		{name: "route unknown option", env: []string{up, "ROUTES=POST /v1/orders bogus"}, want: []string{`ROUTES rule "POST /v1/orders bogus"`}},
 		{name: "route lower-case method", env: []string{up, "ROUTES=post /v1/orders"}, want: []string{`ROUTES rule "post /v1/orders"`}},
 		{name: "route without pattern", env: []string{up, "ROUTES=POST"}, want: []string{`ROUTES rule "POST"`}},
@@ -220,7 +228,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		{"LOG_LEVEL", cfg.LogLevel, "info"},
 		{"LOG_LEVEL parsed", cfg.level, zerolog.InfoLevel},
 		{"LOG_FORMAT", cfg.LogFormat, "json"},
-		{"SHUTDOWN_TIMEOUT", cfg.ShutdownTimeout, 30 * time.Second},
+		{"SHUTDOWN_TIMEOUT", cfg.ShutdownTimeout, 45 * time.Second},
 		{"UPSTREAM_URL parsed", cfg.upstream.String(), "http://127.0.0.1:9000"},
 	}
 	for _, tt := range tests {
@@ -317,7 +325,7 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	up := newUpstream(t)
 	listen := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
 	admin := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
-	env := []string{"UPSTREAM_URL=" + up.URL, "LISTEN_ADDR=" + listen, "ADMIN_ADDR=" + admin, "SHUTDOWN_TIMEOUT=5s"}
+	env := []string{"UPSTREAM_URL=" + up.URL, "LISTEN_ADDR=" + listen, "ADMIN_ADDR=" + admin, "UPSTREAM_TIMEOUT=5s", "SHUTDOWN_TIMEOUT=15s"}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var stdout, stderr syncBuffer
@@ -523,7 +531,7 @@ func TestBinary(t *testing.T) {
 		listen := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
 		admin := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
 		p := startBinary(t, bin, "UPSTREAM_URL="+up.URL, "REDIS_URL="+srv.URL(),
-			"LISTEN_ADDR="+listen, "ADMIN_ADDR="+admin, "SHUTDOWN_TIMEOUT=15s")
+			"LISTEN_ADDR="+listen, "ADMIN_ADDR="+admin, "UPSTREAM_TIMEOUT=10s", "SHUTDOWN_TIMEOUT=20s")
 		c := newClient(t)
 		waitStatus(t, c, "http://"+admin+"/readyz", http.StatusOK, 10*time.Second)
 
@@ -580,32 +588,46 @@ func TestBinary(t *testing.T) {
 	})
 
 	t.Run("SHUTDOWN_TIMEOUT runs out", func(t *testing.T) {
-		up := newBlockingUpstream(t, 3*time.Second)
+		// SHUTDOWN_TIMEOUT must cover UPSTREAM_TIMEOUT plus 10s of
+		// recording, so the smallest allowed value is 11s here. What outlives
+		// it is a pass-through answer that keeps streaming: UPSTREAM_TIMEOUT
+		// bounds the time to its headers, not a body that flows.
+		up := newStreamingUpstream(t, 40*time.Second)
 		listen := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
 		admin := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
-		p := startBinary(t, bin, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR="+listen, "ADMIN_ADDR="+admin, "SHUTDOWN_TIMEOUT=300ms")
+		p := startBinary(t, bin, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR="+listen, "ADMIN_ADDR="+admin,
+			"UPSTREAM_TIMEOUT=1s", "LOCK_TTL=10s", "SHUTDOWN_TIMEOUT=11s")
 		c := newClient(t)
 		waitStatus(t, c, "http://"+admin+"/readyz", http.StatusOK, 10*time.Second)
 
-		result := make(chan response, 1)
-		go func() { result <- post(c, "http://"+listen+"/v1/payments", "slow-1", `{"amount":5}`) }()
-		select {
-		case <-up.received:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("upstream did not receive the request within 10s")
+		streamClient := &http.Client{Transport: c.Transport} // no client timeout: the stream is long
+		res, err := streamClient.Get("http://" + listen + "/v1/events")
+		if err != nil {
+			t.Fatalf("GET stream: %v", err)
 		}
+		defer res.Body.Close()
+		drained := make(chan struct{})
+		go func() { _, _ = io.Copy(io.Discard, res.Body); close(drained) }()
 		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatalf("SIGTERM: %v", err)
 		}
-		// The upstream holds for 3s: an exit well before proves the timeout.
-		if got := p.wait(t, 2500*time.Millisecond); got == 0 {
+		signalled := time.Now()
+		// The upstream streams for 40s: an exit around 11s proves the timeout.
+		if got := p.wait(t, 25*time.Second); got == 0 {
 			t.Errorf("exit code: got %v, want non-zero", got)
+		}
+		if took := time.Since(signalled); took < 10*time.Second {
+			t.Errorf("exited %v after SIGTERM, want about SHUTDOWN_TIMEOUT=11s", took)
 		}
 		if got := p.stderr.String(); !strings.Contains(got, "SHUTDOWN_TIMEOUT") {
 			t.Errorf("stderr: got %q, want it to name SHUTDOWN_TIMEOUT", got)
 		}
 		up.release()
-		<-result // the client's connection was cut; its error does not matter
+		select { // the process is gone, so the stream ends
+		case <-drained:
+		case <-time.After(10 * time.Second):
+			t.Errorf("stream still open 10s after the proxy exited")
+		}
 	})
 
 	t.Run("malformed variable", func(t *testing.T) {
@@ -708,6 +730,49 @@ func newBlockingUpstream(t *testing.T, hold time.Duration) *blockingUpstream {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"payment":%d}`, n)
+	}))
+	t.Cleanup(u.Close)
+	t.Cleanup(u.release) // runs first: lets Close return
+	return u
+}
+
+// streamingUpstream answers every request 200 at once and then writes a
+// line every 100ms until release, its client leaves, or hold runs out.
+type streamingUpstream struct {
+	*httptest.Server
+	released chan struct{}
+	once     sync.Once
+}
+
+func (u *streamingUpstream) release() { u.once.Do(func() { close(u.released) }) }
+
+func newStreamingUpstream(t *testing.T, hold time.Duration) *streamingUpstream {
+	t.Helper()
+	u := &streamingUpstream{released: make(chan struct{})}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		rc := http.NewResponseController(w)
+		_ = rc.Flush()
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		timer := time.NewTimer(hold)
+		defer timer.Stop()
+		for {
+			select {
+			case <-u.released:
+				return
+			case <-timer.C:
+				return
+			case <-r.Context().Done():
+				return
+			case <-tick.C:
+				if _, err := io.WriteString(w, "data: tick\n\n"); err != nil {
+					return
+				}
+				_ = rc.Flush()
+			}
+		}
 	}))
 	t.Cleanup(u.Close)
 	t.Cleanup(u.release) // runs first: lets Close return

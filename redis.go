@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
+	"encoding/hex"
 	"fmt"
 	"sync"
 	"time"
@@ -21,6 +23,21 @@ const (
 	dialerRetries = 1
 )
 
+// defaultReadTimeout is go-redis's read timeout when none is set.
+const defaultReadTimeout = 5 * time.Second
+
+// waitReadTimeout is the read timeout the Redis client needs with
+// REDIS_WAIT_REPLICAS: WAIT holds the connection for up to
+// REDIS_WAIT_TIMEOUT, and a read timeout that ends first turns every claim
+// into an I/O error instead of "not acknowledged by enough replicas". So it
+// is at least REDIS_WAIT_TIMEOUT + 1s. Zero (go-redis's default) without WAIT.
+func (c *Config) waitReadTimeout() time.Duration {
+	if c.RedisWaitReplicas <= 0 {
+		return 0
+	}
+	return max(defaultReadTimeout, c.RedisWaitTimeout+time.Second)
+}
+
 // store is the Redis the proxy talks to, and how to check and close it.
 type store struct {
 	client   redis.UniversalClient
@@ -36,6 +53,7 @@ func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
 	if cfg.RedisTLS {
 		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
+	readTimeout := cfg.waitReadTimeout()
 	switch {
 	case cfg.RedisMode == "sentinel":
 		c := redis.NewFailoverClient(&redis.FailoverOptions{
@@ -43,9 +61,14 @@ func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
 			SentinelAddrs: cfg.RedisAddrs,
 			Username:      cfg.RedisUsername,
 			Password:      cfg.RedisPassword,
-			TLSConfig:     tlsCfg,
-			MaxRetries:    maxRetries,
-			DialerRetries: dialerRetries,
+			// The sentinels' own credentials (requirepass or an ACL user
+			// on the sentinels), distinct from the data nodes'.
+			SentinelUsername: cfg.RedisSentinelUsername,
+			SentinelPassword: cfg.RedisSentinelPassword,
+			TLSConfig:        tlsCfg,
+			MaxRetries:       maxRetries,
+			DialerRetries:    dialerRetries,
+			ReadTimeout:      readTimeout,
 		})
 		return &store{client: c, close: func() { _ = c.Close() }}, nil
 	case cfg.RedisMode == "cluster":
@@ -61,6 +84,7 @@ func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
 			TLSConfig:                  tlsCfg,
 			MaxRetries:                 maxRetries,
 			DialerRetries:              dialerRetries,
+			ReadTimeout:                readTimeout,
 		})
 		return &store{client: c, close: func() { _ = c.Close() }}, nil
 	case cfg.RedisURL != "":
@@ -75,23 +99,39 @@ func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
 		if opt.DialerRetries == 0 {
 			opt.DialerRetries = dialerRetries
 		}
+		// An explicit read_timeout= is kept; loadConfig refused it if WAIT
+		// cannot finish within it.
+		if opt.ReadTimeout == 0 {
+			opt.ReadTimeout = readTimeout
+		}
 		c := redis.NewClient(opt)
 		return &store{client: c, close: func() { _ = c.Close() }}, nil
 	}
-	return startEmbedded(logger)
+	logger.Debug().Msg("REDIS_URL is empty: starting the embedded Redis")
+	return startEmbedded()
 }
 
 // startEmbedded runs miniredis on a loopback port. miniredis never expires
 // keys by itself, and a claim that never expires would lock its key forever,
 // so a ticker advances its clock with the real one.
-func startEmbedded(logger zerolog.Logger) (*store, error) {
+//
+// Any local process can connect to a loopback port, and whoever talks to
+// this Redis can read every record and forge the answer a retry replays. So
+// it requires a password drawn from crypto/rand at each start, known only
+// to this process, and its address is not logged. The warning that it is
+// embedded is logged once, by the readiness check (configWarnings).
+func startEmbedded() (*store, error) {
+	var secret [32]byte
+	if _, err := rand.Read(secret[:]); err != nil {
+		return nil, fmt.Errorf("start embedded Redis: generate its password: %w", err)
+	}
+	password := hex.EncodeToString(secret[:])
 	mr := miniredis.NewMiniRedis()
+	mr.RequireAuth(password)
 	if err := mr.StartAddr("127.0.0.1:0"); err != nil {
 		return nil, fmt.Errorf("start embedded Redis: %w", err)
 	}
-	logger.Warn().Str("addr", mr.Addr()).
-		Msg("REDIS_URL is empty: using an embedded in-process Redis (single instance, nothing persisted). Fine for one replica; with several, each has its own keys and nothing is guaranteed")
-	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), Password: password})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { advanceClock(ctx, mr, 50*time.Millisecond) })
@@ -168,7 +208,7 @@ func (s *store) ping(ctx context.Context) error {
 // reported (log, /readyz, metric). With Cluster every master is checked.
 func (s *store) configWarnings(ctx context.Context) ([]string, error) {
 	if s.embedded != nil {
-		return []string{"store: embedded in-process Redis (REDIS_URL empty): single instance, nothing persisted; wrong for more than one replica"}, nil
+		return []string{"store: embedded in-process Redis (REDIS_URL empty): single instance, nothing persisted. Fine for one replica; with several, each has its own keys and nothing is guaranteed"}, nil
 	}
 	check := func(ctx context.Context, c redis.Cmdable, where string) ([]string, error) {
 		v, err := c.ConfigGet(ctx, "maxmemory-policy").Result()

@@ -140,7 +140,6 @@ func startScaleProxy(t *testing.T, upstream string, extra ...string) *scaleProxy
 		"LISTEN_ADDR=127.0.0.1:0",
 		"ADMIN_ADDR=127.0.0.1:0",
 		"LOG_LEVEL=warn",
-		"SHUTDOWN_TIMEOUT=10s",
 	}, extra...)
 	cfg, err := loadConfig(environ)
 	if err != nil {

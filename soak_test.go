@@ -122,7 +122,7 @@ func (f *soakFleet) start(p *soakProc) {
 		"ADMIN_ADDR=" + p.admin,
 		"LOCK_TTL=" + soakLockTTL.String(),
 		"UPSTREAM_TIMEOUT=" + soakUpstreamTimeout.String(),
-		"SHUTDOWN_TIMEOUT=5s",
+		"SHUTDOWN_TIMEOUT=11s", // at least UPSTREAM_TIMEOUT + 10s, or the proxy refuses to start
 		"LOG_LEVEL=warn",
 	}
 	cmd.Stdout, cmd.Stderr = out, out

@@ -22,12 +22,12 @@ import (
 var contractVars = []string{
 	"UPSTREAM_URL", "LISTEN_ADDR", "ADMIN_ADDR", "REDIS_MODE", "REDIS_ADDRS", "REDIS_MASTER_NAME",
 	"REDIS_TLS", "REDIS_WAIT_REPLICAS", "REDIS_WAIT_TIMEOUT", "REDIS_AUTOPIPELINE", "REPLAY_CACHE_BYTES", "KEY_PREFIX", "IDEMPOTENCY_HEADER", "METHODS", "TTL",
-	"LOCK_TTL", "UPSTREAM_TIMEOUT", "REQUIRE_KEY", "MAX_KEY_LENGTH", "MAX_BODY_BYTES",
+	"LOCK_TTL", "UPSTREAM_TIMEOUT", "UPSTREAM_ID", "REQUEST_READ_TIMEOUT", "REQUIRE_KEY", "MAX_KEY_LENGTH", "MAX_BODY_BYTES",
 	"MAX_STORED_RESPONSE_BYTES", "SCOPE_HEADERS", "FAIL_MODE", "WAIT_TIMEOUT", "ON_5XX", "ROUTES",
 	"LOG_LEVEL", "LOG_FORMAT", "SHUTDOWN_TIMEOUT",
 }
 
-var secretVars = []string{"REDIS_URL", "REDIS_USERNAME", "REDIS_PASSWORD"}
+var secretVars = []string{"REDIS_URL", "REDIS_USERNAME", "REDIS_PASSWORD", "REDIS_SENTINEL_USERNAME", "REDIS_SENTINEL_PASSWORD"}
 
 // dashboardMetrics are the series the Grafana dashboard must query.
 var dashboardMetrics = []string{
@@ -418,6 +418,31 @@ func TestSentinelValues(t *testing.T) {
 	if ref := env["REDIS_PASSWORD"].ValueFrom; ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != "redis-sentinel-auth" || isTrue(ref.SecretKeyRef.Optional) {
 		t.Errorf("REDIS_PASSWORD = %+v, want a required secretKeyRef to redis-sentinel-auth", env["REDIS_PASSWORD"])
 	}
+	// The sentinels' own credentials: from the same Secret, optional there
+	// (sentinels without requirepass need none).
+	for _, v := range []string{"REDIS_SENTINEL_USERNAME", "REDIS_SENTINEL_PASSWORD"} {
+		if ref := env[v].ValueFrom; ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != "redis-sentinel-auth" || !isTrue(ref.SecretKeyRef.Optional) {
+			t.Errorf("%s = %+v, want an optional secretKeyRef to redis-sentinel-auth", v, env[v])
+		}
+	}
+}
+
+// TestInlineSentinelPassword: an inline sentinel password goes to the chart's
+// Secret and reaches the pod as a required secretKeyRef.
+func TestInlineSentinelPassword(t *testing.T) {
+	m := mustRender(t, "--set", "config.redisMode=sentinel", "--set", "config.redisAddrs[0]=s0:26379",
+		"--set", "redis.password=datapw", "--set", "redis.sentinelPassword=sentpw")
+	if len(m.secrets) != 1 || string(m.secrets[0].Data["redis-sentinel-password"]) != "sentpw" {
+		t.Fatalf("Secrets = %+v, want one holding redis-sentinel-password", m.secrets)
+	}
+	env := envByName(m.deployment)
+	ref := env["REDIS_SENTINEL_PASSWORD"].ValueFrom
+	if ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != m.secrets[0].Name || isTrue(ref.SecretKeyRef.Optional) {
+		t.Errorf("REDIS_SENTINEL_PASSWORD valueFrom = %+v, want a required ref to the chart's Secret", ref)
+	}
+	if _, ok := env["REDIS_SENTINEL_USERNAME"]; ok {
+		t.Errorf("REDIS_SENTINEL_USERNAME set though no sentinel username was given")
+	}
 }
 
 // TestInlineRedisURL checks an inline URL goes to a chart-made Secret, never the ConfigMap.
@@ -442,10 +467,10 @@ func TestTerminationGrace(t *testing.T) {
 		args []string
 		want int64
 	}{
-		{nil, 45},
+		{nil, 60},
 		{[]string{"--set", "config.shutdownTimeout=1m30s"}, 105},
-		{[]string{"--set", "config.shutdownTimeout=2500ms"}, 18},
-		{[]string{"--set", "terminationGracePeriodSeconds=31"}, 31},
+		{[]string{"--set", "config.upstreamTimeout=1s,config.shutdownTimeout=11500ms"}, 27},
+		{[]string{"--set", "terminationGracePeriodSeconds=46"}, 46},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -467,7 +492,8 @@ func TestRenderFails(t *testing.T) {
 	}{
 		{"embedded Redis with 3 replicas", []string{"--set", "replicaCount=3"}, "embedded Redis with replicaCount=3"},
 		{"embedded Redis with autoscaling", []string{"--set", "autoscaling.enabled=true"}, "embedded Redis with autoscaling.enabled=true"},
-		{"grace not above shutdown", []string{"--set", "terminationGracePeriodSeconds=30"}, "must be above config.shutdownTimeout"},
+		{"grace not above shutdown", []string{"--set", "terminationGracePeriodSeconds=45"}, "must be above config.shutdownTimeout"},
+		{"shutdown cannot cover upstream and recording", []string{"--set", "config.shutdownTimeout=30s"}, "must be at least config.upstreamTimeout (UPSTREAM_TIMEOUT=30s) + 10s"},
 		{"upstream timeout not below lock TTL", []string{"--set", "config.upstreamTimeout=60s"}, "must be below config.lockTTL"},
 		{"route lock below upstream timeout", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].lock=10s"}, "must be above config.upstreamTimeout"},
 		{"off with options", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].off=true,config.routes[0].ttl=1h"}, "off means plain pass-through"},
@@ -486,6 +512,11 @@ func TestRenderFails(t *testing.T) {
 		{"bad route on5xx", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].on5xx=keep"}, "/config/routes/0/on5xx"},
 		{"unknown route option", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].tll=1h"}, "additional properties 'tll' not allowed"},
 		{"no upstream", []string{"--set", "config.upstreamURL="}, "upstreamURL"},
+		{"sentinel password outside sentinel mode", []string{"--set", "redis.url=redis://r:6379/0", "--set", "redis.sentinelPassword=x"}, "only used with config.redisMode=sentinel"},
+		{"request read timeout zero", []string{"--set", "config.requestReadTimeout=0s"}, "config.requestReadTimeout=0s must be above zero"},
+		{"upstream id not ASCII", []string{"--set", "config.upstreamID=café"}, "/config/upstreamID"},
+		{"body bound", []string{"--set", "config.maxBodyBytes=67108865"}, "/config/maxBodyBytes"},
+		{"stored bound", []string{"--set", "config.maxStoredResponseBytes=67108865"}, "/config/maxStoredResponseBytes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -84,9 +84,12 @@ func (c *Cluster) Addrs() []string {
 }
 
 // nodeDo runs one command on one node with a short timeout and no retries.
-func nodeDo(addr string, args ...any) (any, error) {
+func nodeDo(addr string, args ...any) (any, error) { return nodeDoAuth(addr, "", args...) }
+
+// nodeDoAuth is nodeDo on a node that requires password ("" for none).
+func nodeDoAuth(addr, password string, args ...any) (any, error) {
 	// RESP2: flat arrays and plain strings, whatever the command.
-	cl := redis.NewClient(&redis.Options{Addr: addr, Protocol: 2, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 2 * time.Second})
+	cl := redis.NewClient(&redis.Options{Addr: addr, Password: password, Protocol: 2, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 2 * time.Second})
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()

@@ -25,20 +25,42 @@ type Sentinel struct {
 	sentinels []*sentinelProc
 }
 
+// SentinelOptions configures StartSentinelWith.
+type SentinelOptions struct {
+	// Extra are more config lines for the two data nodes.
+	Extra []string
+	// Password, when set, is required by every sentinel (requirepass; the
+	// sentinels authenticate to each other with it too, sentinel-pass).
+	// The data nodes are not affected.
+	Password string
+}
+
 // sentinelProc is one `redis-server <file> --sentinel` process. Sentinels
 // rewrite their config file, so it lives in a temporary directory instead
 // of arriving on stdin.
 type sentinelProc struct {
 	port int
+	pass string // requirepass, or ""
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 }
+
+// do runs one command on the sentinel, authenticated when it needs it.
+func (p *sentinelProc) do(args ...any) (any, error) { return nodeDoAuth(p.addr(), p.pass, args...) }
 
 // StartSentinel starts the master, the replica and the three sentinels, and
 // waits until the replica is in sync and every sentinel sees it and the two
 // other sentinels. extra are more config lines for the two data nodes.
 func StartSentinel(t testing.TB, extra ...string) *Sentinel {
 	t.Helper()
+	return StartSentinelWith(t, SentinelOptions{Extra: extra})
+}
+
+// StartSentinelWith is StartSentinel with options, such as sentinels that
+// require a password.
+func StartSentinelWith(t testing.TB, o SentinelOptions) *Sentinel {
+	t.Helper()
+	extra := o.Extra
 	s := &Sentinel{t: t, name: "mymaster"}
 	master := Start(t, extra...)
 	replica := Start(t, append([]string{"replicaof 127.0.0.1 " + strconv.Itoa(master.Port())}, extra...)...)
@@ -46,7 +68,7 @@ func StartSentinel(t testing.TB, extra ...string) *Sentinel {
 	WaitReplicated(t, master, replica, 10*time.Second)
 	bin := Binary(t)
 	for range 3 {
-		p := &sentinelProc{port: FreePort(t)}
+		p := &sentinelProc{port: FreePort(t), pass: o.Password}
 		dir := t.TempDir()
 		conf := filepath.Join(dir, "sentinel.conf")
 		lines := []string{
@@ -58,6 +80,9 @@ func StartSentinel(t testing.TB, extra ...string) *Sentinel {
 			"sentinel down-after-milliseconds " + s.name + " 1000",
 			"sentinel failover-timeout " + s.name + " 5000",
 			"sentinel parallel-syncs " + s.name + " 1",
+		}
+		if o.Password != "" {
+			lines = append(lines, "requirepass "+o.Password, "sentinel sentinel-pass "+o.Password)
 		}
 		if err := os.WriteFile(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
 			t.Fatalf("write sentinel config: %v", err)
@@ -93,7 +118,7 @@ func (p *sentinelProc) start(t testing.TB, bin, conf string) {
 	}()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		v, err := nodeDo(p.addr(), "PING")
+		v, err := p.do("PING")
 		if err == nil && v == "PONG" {
 			return
 		}
@@ -164,7 +189,7 @@ func (s *Sentinel) waitDiscovered(timeout time.Duration) {
 	for {
 		last = nil
 		for _, p := range s.sentinels {
-			v, err := nodeDo(p.addr(), "SENTINEL", "REPLICAS", s.name)
+			v, err := p.do("SENTINEL", "REPLICAS", s.name)
 			if err != nil {
 				last = err
 				break
@@ -184,7 +209,7 @@ func (s *Sentinel) waitDiscovered(timeout time.Duration) {
 				last = fmt.Errorf("sentinel %s does not see replica %s yet: %v", p.addr(), replicaPort, reps)
 				break
 			}
-			v, err = nodeDo(p.addr(), "SENTINEL", "SENTINELS", s.name)
+			v, err = p.do("SENTINEL", "SENTINELS", s.name)
 			if err != nil {
 				last = err
 				break
@@ -206,7 +231,7 @@ func (s *Sentinel) waitDiscovered(timeout time.Duration) {
 
 // masterAddrFrom asks one sentinel for the master's address.
 func (s *Sentinel) masterAddrFrom(p *sentinelProc) (string, error) {
-	v, err := nodeDo(p.addr(), "SENTINEL", "GET-MASTER-ADDR-BY-NAME", s.name)
+	v, err := p.do("SENTINEL", "GET-MASTER-ADDR-BY-NAME", s.name)
 	if err != nil {
 		return "", err
 	}
@@ -266,7 +291,7 @@ func (s *Sentinel) Failover(timeout time.Duration) *Server {
 	deadline := time.Now().Add(timeout)
 	for {
 		// NOGOODSLAVE or INPROG can answer for a moment; retry until the deadline.
-		_, err := nodeDo(s.sentinels[0].addr(), "SENTINEL", "FAILOVER", s.name)
+		_, err := s.sentinels[0].do("SENTINEL", "FAILOVER", s.name)
 		if err == nil {
 			break
 		}

@@ -131,7 +131,7 @@ Name of the Secret holding the Redis credentials.
 "true" when the chart creates the Redis Secret itself (inline credentials, no existingSecret).
 */}}
 {{- define "idemproxy.createRedisSecret" -}}
-{{- if and (not .Values.redis.existingSecret) (or .Values.redis.url .Values.redis.username .Values.redis.password) -}}
+{{- if and (not .Values.redis.existingSecret) (or .Values.redis.url .Values.redis.username .Values.redis.password .Values.redis.sentinelUsername .Values.redis.sentinelPassword) -}}
 true
 {{- end }}
 {{- end }}
@@ -240,13 +240,19 @@ Render-time checks. Each fails with a message that names the value to change.
 {{- if and (eq $c.redisMode "standalone") (not .Values.redis.existingSecret) (or .Values.redis.username .Values.redis.password) }}
 {{- fail "redis.username and redis.password are for sentinel/cluster mode; in standalone mode put the credentials in redis.url (redis://user:password@host:6379/0)" }}
 {{- end }}
+{{- if and (ne $c.redisMode "sentinel") (or .Values.redis.sentinelUsername .Values.redis.sentinelPassword) }}
+{{- fail (printf "redis.sentinelUsername and redis.sentinelPassword (REDIS_SENTINEL_USERNAME, REDIS_SENTINEL_PASSWORD) authenticate to the sentinels and are only used with config.redisMode=sentinel (it is %s)" $c.redisMode) }}
+{{- end }}
+{{- if and .Values.redis.sentinelUsername (not .Values.redis.sentinelPassword) }}
+{{- fail "redis.sentinelUsername (REDIS_SENTINEL_USERNAME) needs redis.sentinelPassword (REDIS_SENTINEL_PASSWORD)" }}
+{{- end }}
 {{- if and .Values.redis.url (not (regexMatch "^rediss?://" .Values.redis.url)) }}
 {{- fail "redis.url must start with redis:// or rediss://" }}
 {{- end }}
 {{- if and (eq $c.redisMode "standalone") (or $c.redisAddrs $c.redisTLS) }}
 {{- fail "config.redisAddrs and config.redisTLS are for config.redisMode sentinel/cluster; in standalone mode give a rediss:// URL in redis.url or redis.existingSecret" }}
 {{- end }}
-{{- range $k := list "ttl" "lockTTL" "upstreamTimeout" "waitTimeout" "shutdownTimeout" "redisWaitTimeout" }}
+{{- range $k := list "ttl" "lockTTL" "upstreamTimeout" "waitTimeout" "shutdownTimeout" "redisWaitTimeout" "requestReadTimeout" }}
 {{- $secs := include "idemproxy.durationSeconds" (dict "name" (printf "config.%s" $k) "value" (index $c $k)) | float64 }}
 {{- if and (ne $k "waitTimeout") (le $secs 0.0) }}
 {{- fail (printf "config.%s=%s must be above zero" $k (index $c $k)) }}
@@ -256,6 +262,10 @@ Render-time checks. Each fails with a message that names the value to change.
 {{- $lock := include "idemproxy.durationSeconds" (dict "name" "config.lockTTL (LOCK_TTL)" "value" $c.lockTTL) | float64 }}
 {{- if ge $upstream $lock }}
 {{- fail (printf "config.upstreamTimeout (UPSTREAM_TIMEOUT=%s) must be below config.lockTTL (LOCK_TTL=%s): a claim must outlive the upstream call it guards" $c.upstreamTimeout $c.lockTTL) }}
+{{- end }}
+{{- $shutdown := include "idemproxy.durationSeconds" (dict "name" "config.shutdownTimeout (SHUTDOWN_TIMEOUT)" "value" $c.shutdownTimeout) | float64 }}
+{{- if lt $shutdown (addf $upstream 10.0) }}
+{{- fail (printf "config.shutdownTimeout (SHUTDOWN_TIMEOUT=%s) must be at least config.upstreamTimeout (UPSTREAM_TIMEOUT=%s) + 10s: on SIGTERM a request in flight may wait UPSTREAM_TIMEOUT for its answer and then up to 10s to record it; a shorter shutdown leaves its claim in flight and the retry executes again after LOCK_TTL (the proxy refuses to start with it)" $c.shutdownTimeout $c.upstreamTimeout) }}
 {{- end }}
 {{- range $i, $r := $c.routes }}
 {{- if $r.lock }}

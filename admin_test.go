@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/idemproxy/idemproxy/claim/redistest"
+)
+
+// TestReadyzHidesRedisAddress: with Redis down, /readyz is 503 with a
+// generic body; the dial error, which names Redis's address, is logged.
+func TestReadyzHidesRedisAddress(t *testing.T) {
+	port := strconv.Itoa(redistest.FreePort(t)) // nothing listens there
+	up := newUpstream(t)
+	a, logs := startEnv(t, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0",
+		"REDIS_URL=redis://127.0.0.1:"+port+"/0")
+	c := newClient(t)
+	status, body, err := get(c, "http://"+a.adminAddr.String()+"/readyz")
+	if err != nil || status != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz with Redis down: got %v %v %q, want 503", status, err, body)
+	}
+	if body != "not ready: Redis unreachable\n" {
+		t.Errorf("/readyz body: got %q, want %q", body, "not ready: Redis unreachable\n")
+	}
+	for _, leak := range []string{port, "127.0.0.1", "dial", "refused"} {
+		if strings.Contains(body, leak) {
+			t.Errorf("/readyz body %q shows %q", body, leak)
+		}
+	}
+	if !strings.Contains(logs.String(), port) {
+		t.Errorf("log lacks the cause (Redis's address); got:\n%s", logs.String())
+	}
+}
+
+// TestReadyzCachedAndLogRateLimited: within a second, /readyz reuses its
+// result instead of pinging Redis again, concurrent probes share one PING,
+// and an outage is logged when it starts, then at most every 10s, and its
+// end once.
+func TestReadyzCachedAndLogRateLimited(t *testing.T) {
+	var pings atomic.Int64
+	var failing atomic.Bool
+	failing.Store(true)
+	var mu sync.Mutex
+	clock := time.Unix(1_700_000_000, 0)
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	advance := func(d time.Duration) { mu.Lock(); clock = clock.Add(d); mu.Unlock() }
+	logs := &syncBuffer{}
+	rd := &readiness{
+		store:  &store{embedded: new(miniredis.Miniredis)},
+		logger: zerolog.New(logs),
+		unsafe: prometheus.NewGauge(prometheus.GaugeOpts{Name: "x"}),
+		now:    now,
+		ping: func(context.Context) error {
+			pings.Add(1)
+			if failing.Load() {
+				return errors.New("dial tcp 10.1.2.3:6379: connect: connection refused")
+			}
+			return nil
+		},
+	}
+	srv := httptest.NewServer(adminHandler(prometheus.NewRegistry(), rd))
+	t.Cleanup(srv.Close)
+	c := newClient(t)
+	readyz := func() (int, string) {
+		t.Helper()
+		status, body, err := get(c, srv.URL+"/readyz")
+		if err != nil {
+			t.Fatalf("GET /readyz: %v", err)
+		}
+		return status, body
+	}
+	logged := func() int { return strings.Count(logs.String(), "not ready: Redis unreachable") }
+
+	if s, b := readyz(); s != http.StatusServiceUnavailable || strings.Contains(b, "10.1.2.3") {
+		t.Fatalf("/readyz: got %v %q, want 503 without the address", s, b)
+	}
+	advance(500 * time.Millisecond)
+	readyz()
+	if got := pings.Load(); got != 1 {
+		t.Errorf("two /readyz within the cache window: %d pings, want 1", got)
+	}
+	// A burst of concurrent probes in one window: still one ping.
+	advance(time.Second)
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			res, err := c.Get(srv.URL + "/readyz")
+			if err == nil {
+				_, _ = io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+	if got := pings.Load(); got != 2 {
+		t.Errorf("20 concurrent /readyz in a new window: %d pings in all, want 2", got)
+	}
+	if got := logged(); got != 1 {
+		t.Errorf("outage logged %d times within 1.5s, want once", got)
+	}
+	if !strings.Contains(logs.String(), "10.1.2.3") {
+		t.Errorf("log lacks the cause: %s", logs.String())
+	}
+	advance(10 * time.Second)
+	readyz()
+	if got := logged(); got != 2 {
+		t.Errorf("outage logged %d times after 11.5s, want twice", got)
+	}
+	failing.Store(false)
+	advance(2 * time.Second)
+	if s, _ := readyz(); s != http.StatusOK {
+		t.Errorf("/readyz after Redis is back: got %v, want 200", s)
+	}
+	if !strings.Contains(logs.String(), "Redis answers again") {
+		t.Errorf("recovery not logged: %s", logs.String())
+	}
+	failing.Store(true)
+	advance(2 * time.Second)
+	readyz()
+	if got := logged(); got != 3 {
+		t.Errorf("a new outage right after recovery: logged %d times in all, want 3", got)
+	}
+}
