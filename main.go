@@ -88,7 +88,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 
 func newLogger(cfg *Config, out io.Writer) zerolog.Logger {
 	if cfg.LogFormat == "console" {
-		out = zerolog.ConsoleWriter{Out: out, TimeFormat: time.RFC3339}
+		out = zerolog.ConsoleWriter{Out: out, TimeFormat: time.RFC3339, NoColor: !isTerminal(out)}
 	}
 	return zerolog.New(out).Level(cfg.level).With().Timestamp().Logger()
 }
