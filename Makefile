@@ -2,9 +2,10 @@
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 IMG     ?= ghcr.io/idemproxy/idemproxy:$(VERSION)
 GO      ?= go
-# Where `make run` starts the demo upstream when UPSTREAM_URL is not set.
+# Where `make run` starts the demo upstream when UPSTREAM_URL is not set. The
+# demo binds it before idemproxy starts; when it cannot, `make run` fails.
 DEMO_UPSTREAM_ADDR ?= 127.0.0.1:9000
-# How long each demo POST takes (make run DEMO_DELAY=3s shows a 409).
+# How long each demo POST takes (make run DEMO_DELAY=2s shows a 409).
 DEMO_DELAY ?= 0s
 # Short by default so `make test` stays quick; lengthen with FUZZTIME=1m.
 FUZZTIME ?= 10s
@@ -14,23 +15,19 @@ FUZZTIME ?= 10s
 ##@ General
 
 .PHONY: help
-help: ## Show this help
-	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} \
-		/^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } \
-		/^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+help: ## Show this help (coloured only on a terminal)
+	@if [ -t 1 ]; then c='\033[36m' b='\033[1m' r='\033[0m'; else c= b= r=; fi; \
+	awk -v c="$$c" -v b="$$b" -v r="$$r" 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} \
+		/^[a-zA-Z_0-9-]+:.*?##/ { printf "  %s%-16s%s %s\n", c, $$1, r, $$2 } \
+		/^##@/ { printf "\n%s%s%s\n", b, substr($$0, 5), r }' $(MAKEFILE_LIST)
 
 ##@ Development
 
 .PHONY: run
-run: build ## Run the proxy (embedded Redis; demo upstream on :9000 unless UPSTREAM_URL is set)
-	@if [ -n "$$UPSTREAM_URL" ]; then \
-		exec ./bin/idemproxy; \
-	else \
-		$(GO) build -o bin/demoupstream ./scripts/demoupstream || exit 1; \
-		./bin/demoupstream -addr $(DEMO_UPSTREAM_ADDR) -delay $(DEMO_DELAY) & demo=$$!; \
-		trap 'kill $$demo 2>/dev/null' EXIT INT TERM; \
-		UPSTREAM_URL=http://$(DEMO_UPSTREAM_ADDR) ./bin/idemproxy; \
-	fi
+run: build ## Run the proxy (embedded Redis; a demo upstream on DEMO_UPSTREAM_ADDR unless UPSTREAM_URL is set; Ctrl-C stops all)
+	@if [ -n "$$UPSTREAM_URL" ]; then exec ./bin/idemproxy; fi; \
+	$(GO) build -o bin/demoupstream ./scripts/demoupstream || exit 1; \
+	exec ./bin/demoupstream -addr '$(DEMO_UPSTREAM_ADDR)' -delay '$(DEMO_DELAY)' -- ./bin/idemproxy
 
 .PHONY: deps
 deps: ## Install what the tests need: redis-server and redis-cli (apt), when missing

@@ -40,6 +40,9 @@ func main() {
 		stop() // a second signal kills at once
 	}()
 	if err := run(ctx, os.Args, os.Environ(), os.Stdout, os.Stderr); err != nil {
+		if code := exitCode(err); code == 2 {
+			os.Exit(code) // a command-line mistake, already reported with the usage
+		}
 		fmt.Fprintln(os.Stderr, "idemproxy:", err)
 		os.Exit(1)
 	}
@@ -49,14 +52,22 @@ func main() {
 // gracefully. Its error is for the operator: it names what is wrong.
 func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard) // run reports mistakes itself, with the usage
 	showVersion := fs.Bool("version", false, "print the version and exit")
-	if err := fs.Parse(args[1:]); err != nil {
-		return err
-	}
-	if *showVersion {
+	err := fs.Parse(args[1:])
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(stdout, helpText)
+		return nil
+	case err != nil:
+		return badUsage(stderr, err)
+	case *showVersion:
 		fmt.Fprintf(stdout, "idemproxy %s (%s)\n", version, runtime.Version())
 		return nil
+	case fs.Arg(0) == "keys":
+		return badUsage(stderr, errors.New("keys: not yet available in this version (see README)"))
+	case fs.NArg() > 0:
+		return badUsage(stderr, fmt.Errorf("unknown command %q", fs.Arg(0)))
 	}
 	cfg, err := loadConfig(environ)
 	if err != nil {
@@ -77,7 +88,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 
 func newLogger(cfg *Config, out io.Writer) zerolog.Logger {
 	if cfg.LogFormat == "console" {
-		out = zerolog.ConsoleWriter{Out: out, TimeFormat: time.RFC3339}
+		out = zerolog.ConsoleWriter{Out: out, TimeFormat: time.RFC3339, NoColor: !isTerminal(out)}
 	}
 	return zerolog.New(out).Level(cfg.level).With().Timestamp().Logger()
 }

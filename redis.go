@@ -49,6 +49,7 @@ type store struct {
 // It does not wait for Redis to answer: an unreachable Redis is reported by
 // /readyz and handled per FAIL_MODE, not by refusing to start.
 func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
+	redis.SetLogger(redisLogger{logger}) // go-redis's own lines as JSON, not plain text on stderr
 	var tlsCfg *tls.Config
 	if cfg.RedisTLS {
 		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
