@@ -125,7 +125,7 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 	reg.MustRegister(buildInfo, unsafe)
 	metrics := proxy.NewMetrics(reg)
 
-	storeOpts := []claim.Option{claim.ReplayCache(cfg.ReplayCacheBytes, replayCacheMaxAge)}
+	storeOpts := []claim.Option{claim.ReplayCache(cfg.ReplayCacheBytes, replayCacheMaxAge), claim.Upstream(cfg.upstreamID)}
 	if cfg.RedisWaitReplicas > 0 {
 		storeOpts = append(storeOpts, claim.WaitReplicas(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout))
 	}
@@ -187,6 +187,7 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 	if _, err := rd.check(ctx); err != nil {
 		logger.Error().Err(err).Msg("Redis unreachable at start; requests with a key get 503 (FAIL_MODE=closed) until it answers")
 	}
+	probeUpstream(context.Background(), cfg.upstream, logger)
 	ev := logger.Info().Str("listen", a.proxyAddr.String()).Str("upstream", cfg.upstream.Redacted()).
 		Str("redis_mode", cfg.RedisMode).Str("version", version)
 	if a.adminAddr != nil {

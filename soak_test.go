@@ -117,6 +117,8 @@ func (f *soakFleet) start(p *soakProc) {
 	cmd := exec.Command(f.bin)
 	cmd.Env = []string{
 		"UPSTREAM_URL=" + f.upstream + "/p" + strconv.Itoa(p.inc),
+		// One service behind every incarnation: the path only tells them apart.
+		"UPSTREAM_ID=soak",
 		"REDIS_URL=" + f.redis,
 		"LISTEN_ADDR=" + p.listen,
 		"ADMIN_ADDR=" + p.admin,

@@ -542,7 +542,8 @@ func TestRoutesString(t *testing.T) {
 		"PATCH /v1/orders/{id} ttl=30m lock=45s fail=open;" +
 		"POST /v1/refunds/* fail=closed wait=1.5s on5xx=release;" +
 		"POST /v1/webhooks/* off;" +
-		"PUT /v1/health-checks off"
+		"PUT /v1/health-checks off;" +
+		"GET /v1/events/ws upgrade"
 	if got != want {
 		t.Errorf("ROUTES = %q, want %q", got, want)
 	}

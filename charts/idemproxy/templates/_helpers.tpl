@@ -150,7 +150,7 @@ replicaCount otherwise.
 
 {{/*
 The ROUTES string built from config.routes: rules joined by ";", each
-"METHOD PATTERN [ttl=D] [lock=D] [required] [off] [fail=open|closed] [wait=D] [on5xx=release|store]".
+"METHOD PATTERN [ttl=D] [lock=D] [required] [off] [upgrade] [fail=open|closed] [wait=D] [on5xx=release|store]".
 */}}
 {{- define "idemproxy.routes" -}}
 {{- $rules := list }}
@@ -193,6 +193,7 @@ The ROUTES string built from config.routes: rules joined by ";", each
 {{- if $r.lock }}{{ $parts = append $parts (printf "lock=%s" $r.lock) }}{{ end }}
 {{- if $r.required }}{{ $parts = append $parts "required" }}{{ end }}
 {{- if $off }}{{ $parts = append $parts "off" }}{{ end }}
+{{- if $r.upgrade }}{{ $parts = append $parts "upgrade" }}{{ end }}
 {{- if $r.fail }}
 {{- if not (has $r.fail (list "open" "closed")) }}{{ fail (printf "%s: fail must be open or closed, not %q" $where $r.fail) }}{{ end }}
 {{- $parts = append $parts (printf "fail=%s" $r.fail) }}
