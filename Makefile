@@ -26,7 +26,7 @@ help: ## Show this help (coloured only on a terminal)
 .PHONY: run
 run: build ## Run the proxy (embedded Redis; a demo upstream on DEMO_UPSTREAM_ADDR unless UPSTREAM_URL is set; Ctrl-C stops all)
 	@if [ -n "$$UPSTREAM_URL" ]; then exec ./bin/idemproxy; fi; \
-	$(GO) build -o bin/demoupstream ./scripts/demoupstream || exit 1; \
+	$(GO) build -o bin/demoupstream ./internal/demoupstream || exit 1; \
 	exec ./bin/demoupstream -addr '$(DEMO_UPSTREAM_ADDR)' -delay '$(DEMO_DELAY)' -- ./bin/idemproxy
 
 .PHONY: deps

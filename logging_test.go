@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/claim/redistest"
+	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
 // TestConsoleLogNoColourOffTerminal: LOG_FORMAT=console writes no colour

@@ -3,7 +3,7 @@ package main
 // Tests against real Redis topologies: a 3-master Redis Cluster with one
 // replica per master, and Redis Sentinel (1 master, 1 replica, 3 sentinels).
 // They start their own redis-server processes on free loopback ports
-// (claim/redistest) and the proxy through start(), as in production.
+// (internal/redistest) and the proxy through start(), as in production.
 
 import (
 	"bytes"
@@ -25,7 +25,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/claim/redistest"
+	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/scripts"
 )
 

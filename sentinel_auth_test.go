@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/claim/redistest"
+	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
 // TestSentinelPassword: sentinels that require a password. With

@@ -28,7 +28,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/claim/redistest"
+	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
 const (

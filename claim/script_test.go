@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/claim/redistest"
+	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
 // TestScriptsAreIdempotentPerToken: go-redis resends a script whose reply

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/claim/redistest"
+	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
 // TestWaitReplicas: with WaitReplicas, claims and completions are

@@ -22,7 +22,7 @@ import (
 	"github.com/rs/zerolog/hlog"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/claim/redistest"
+	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 

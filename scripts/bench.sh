@@ -7,7 +7,7 @@
 #                    [-idem-env KEY=VALUE]... [-keep] [-v]
 #
 # Needs go, wrk, redis-server and taskset (wrk and redis-server are installed with apt-get when
-# missing and running as root). The driver is scripts/bench/run; `scripts/bench.sh -h` lists every flag.
+# missing and running as root). The driver is internal/bench/run; `scripts/bench.sh -h` lists every flag.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,7 +17,7 @@ if ! command -v go >/dev/null 2>&1; then
 	exit 1
 fi
 work="$(mktemp -d "${TMPDIR:-/tmp}/idemproxy-bench.XXXXXX")"
-if ! go build -o "$work/bench" ./scripts/bench/run; then
+if ! go build -o "$work/bench" ./internal/bench/run; then
 	rm -rf "$work"
 	exit 1
 fi

@@ -1,4 +1,4 @@
--- wrk workload of the idemproxy benchmark (scripts/bench/run embeds it).
+-- wrk workload of the idemproxy benchmark (internal/bench/run embeds it).
 -- Usage: wrk -s workload.lua URL -- MODE UNIQUE_PREFIX PRIMED_PREFIX NPRIMED
 --   unique: every request carries a fresh Idempotency-Key
 --           (UNIQUE_PREFIX-<thread>-<counter>; the driver draws a random prefix per phase)

@@ -1,9 +1,9 @@
 // Command run is the driver of the idemproxy benchmark; scripts/bench.sh (and
 // `make bench`) builds and runs it from the repository root.
 //
-// It builds idemproxy from the tree plus a fake upstream (scripts/bench/upstream)
+// It builds idemproxy from the tree plus a fake upstream (internal/bench/upstream)
 // and a bare httputil.ReverseProxy with idemproxy's transport
-// (scripts/bench/bareproxy), starts them and a real redis-server on 127.0.0.1,
+// (internal/bench/bareproxy), starts them and a real redis-server on 127.0.0.1,
 // drives each proxy with wrk (workload.lua), alternating bare and idemproxy
 // rounds, and prints one table of medians with the idemproxy/bare ratios,
 // followed by two memory checks. Absolute figures on a shared 2-core machine
@@ -352,7 +352,7 @@ func (b *bench) setup(ctx context.Context) error {
 	b.affinity = map[string]string{}
 
 	logf("building fake upstream and bare proxy")
-	if err := goBuild(ctx, repo, cfg.workdir, "./scripts/bench/upstream", "./scripts/bench/bareproxy"); err != nil {
+	if err := goBuild(ctx, repo, cfg.workdir, "./internal/bench/upstream", "./internal/bench/bareproxy"); err != nil {
 		return err
 	}
 	b.upstreamBin = filepath.Join(cfg.workdir, "upstream")
