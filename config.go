@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
+	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -453,10 +454,8 @@ func deriveUpstreamID(u *url.URL) string {
 const maxBufferedBytes = 64 << 20
 
 // recordBudget is how long the proxy may spend recording one answer after
-// the upstream answered, retries included: proxy's completionTimeout. A
-// graceful shutdown must leave UPSTREAM_TIMEOUT plus this to the requests in
-// flight, or it exits with their claims still held.
-const recordBudget = 10 * time.Second
+// the upstream answered, retries included.
+const recordBudget = claim.CompleteBudget
 
 // minRecordWindow is the time a claim should have left after the longest
 // upstream call, for the completion and its retries.

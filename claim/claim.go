@@ -53,12 +53,39 @@ var (
 	releaseScript  = redis.NewScript(scripts.Release)
 )
 
-// Observer is told how long each script call took and how it ended
-// (script is "claim", "complete" or "release"; result is the script's status,
-// or "error"), and of each replay answered from the ReplayCache (script
-// "cache", result "hit", no duration). It lets the caller export metrics
-// without this package depending on a metrics library.
-type Observer func(script, result string, d time.Duration)
+// Op names what an Event reports.
+type Op string
+
+// The operations an Observer hears of.
+const (
+	OpClaim    Op = "claim"    // claim.lua
+	OpComplete Op = "complete" // complete.lua (one event per attempt)
+	OpRelease  Op = "release"  // release.lua (one event per attempt)
+	OpCacheHit Op = "cache"    // a replay answered from the ReplayCache: no round trip
+)
+
+// Event is what an Observer is told of each operation: the script's status
+// ("claimed", "takeover", "replay", "inflight", "mismatch", "ok",
+// "recreated", "lost", "not_replicated", ...) or "error", and how long the
+// round trip took (zero for OpCacheHit).
+type Event struct {
+	Op       Op
+	Result   string
+	Duration time.Duration
+}
+
+// Observer lets the caller export metrics without this package depending
+// on a metrics library.
+type Observer func(Event)
+
+// CompleteBudget bounds Lease.Complete, its retries included. A graceful
+// shutdown must leave this much time after the longest upstream call.
+const CompleteBudget = 10 * time.Second
+
+// completeAttempts: 50ms, 150ms, 450ms, then every second: about 5s of
+// retries. go-redis, after failed dials, refuses calls for about a second
+// before dialing again, so retries span seconds, not milliseconds.
+const completeAttempts = 8
 
 // Store claims keys in one Redis (standalone, Sentinel or Cluster).
 type Store struct {
@@ -114,7 +141,7 @@ func Upstream(id string) Option {
 // NewStore returns a Store writing keys that start with prefix. obs may be nil.
 func NewStore(rdb redis.Scripter, prefix string, obs Observer, opts ...Option) *Store {
 	if obs == nil {
-		obs = func(string, string, time.Duration) {}
+		obs = func(Event) {}
 	}
 	s := &Store{rdb: rdb, prefix: prefix, obs: obs}
 	for _, o := range opts {
@@ -191,7 +218,7 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, m
 			if cfp != fp {
 				return nil, nil, ErrMismatch
 			}
-			s.obs("cache", "hit", 0)
+			s.obs(Event{Op: OpCacheHit, Result: "hit"})
 			return nil, rec, nil
 		}
 	}
@@ -204,12 +231,11 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, m
 	v, acked, err := s.run(ctx, claimScript, keys, token, fp[:], ms(lockTTL), ms(max(markTTL, lockTTL)), s.upstream)
 	status, args, err := decodeReply(v, err)
 	if err == nil && (status == "claimed" || status == "takeover") && acked < s.waitReplicas {
-		lease := &Lease{store: s, keys: keys, token: token, fp: fp}
-		_ = lease.Release(ctx) // best effort; the lock TTL frees it otherwise
-		s.obs("claim", "not_replicated", time.Since(start))
+		_ = s.newLease(keys, token, fp).releaseOnce(ctx) // best effort; the lock TTL frees it otherwise
+		s.obs(Event{OpClaim, "not_replicated", time.Since(start)})
 		return nil, nil, fmt.Errorf("claim %s: %d of %d replicas acknowledged within %v: %w", key, acked, s.waitReplicas, s.waitTimeout, ErrNotReplicated)
 	}
-	s.obs("claim", resultLabel(status, err), time.Since(start))
+	s.obs(Event{OpClaim, resultLabel(status, err), time.Since(start)})
 	if err != nil {
 		// The script may have run and only its reply been lost: free the
 		// claim, or it would hold the key for its lock TTL and then count as
@@ -217,19 +243,21 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, m
 		// stalled Redis this takes a whole read timeout, and the caller's
 		// answer (503, or a forward when failing open) must not wait for it.
 		// go-redis's own timeouts end it.
-		lease := &Lease{store: s, keys: keys, token: token, fp: fp}
-		go func() { _ = lease.Release(context.WithoutCancel(ctx)) }()
+		lease := s.newLease(keys, token, fp)
+		go func() { _ = lease.releaseOnce(context.WithoutCancel(ctx)) }()
 		return nil, nil, fmt.Errorf("claim %s: %w", key, err)
 	}
 	switch status {
 	case "claimed":
-		return &Lease{store: s, keys: keys, token: token, fp: fp}, nil, nil
+		return s.newLease(keys, token, fp), nil, nil
 	case "takeover":
 		age, perr := strconv.ParseInt(args[0], 10, 64)
 		if perr != nil {
 			return nil, nil, fmt.Errorf("claim %s: bad takeover age %q: %w", key, args[0], perr)
 		}
-		return &Lease{store: s, keys: keys, token: token, fp: fp, TakenOver: true, TakeoverAge: time.Duration(age) * time.Millisecond}, nil, nil
+		lease := s.newLease(keys, token, fp)
+		lease.TakenOver, lease.TakeoverAge = true, time.Duration(age)*time.Millisecond
+		return lease, nil, nil
 	case "replay":
 		rec, derr := DecodeRecord([]byte(args[0]))
 		if derr != nil {
@@ -253,14 +281,48 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, m
 	return nil, nil, fmt.Errorf("claim %s: unexpected status %q", key, status)
 }
 
+func (s *Store) newLease(keys []string, token string, fp Fingerprint) *Lease {
+	return &Lease{store: s, keys: keys, token: token, fp: fp}
+}
+
 // Complete records rec as the answer for the claimed key, kept for ttl, if the
 // claim is still ours, or if it is gone and nobody claimed the key since
 // (Recreated is then set). When another request has taken the key over it
 // returns ErrLost and writes nothing: the key has then executed twice.
+//
+// The answer has been given by then, and losing its record would let a
+// retry execute again: Complete retries on Redis errors, for up to
+// CompleteBudget, on a context that ctx's cancellation does not reach.
+// ErrNotReplicated (wrapped) means the record was written on the master but
+// not acknowledged by enough replicas; nothing is retried then.
 func (l *Lease) Complete(ctx context.Context, rec *Record, ttl time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CompleteBudget)
+	defer cancel()
+	enc := rec.Encode()
+	var err error
+	backoff := 50 * time.Millisecond
+	for attempt := range completeAttempts {
+		if attempt > 0 {
+			t := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+			backoff = min(backoff*3, time.Second)
+		}
+		err = l.completeOnce(ctx, enc, ttl)
+		if err == nil || errors.Is(err, ErrLost) || errors.Is(err, ErrNotReplicated) || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}
+
+func (l *Lease) completeOnce(ctx context.Context, enc []byte, ttl time.Duration) error {
 	start := time.Now()
-	v, acked, err := l.store.run(ctx, completeScript, l.keys, l.token, rec.Encode(), ms(ttl), l.fp[:], l.store.upstream)
-	if err := l.finish("complete", v, err, start); err != nil {
+	v, acked, err := l.store.run(ctx, completeScript, l.keys, l.token, enc, ms(ttl), l.fp[:], l.store.upstream)
+	if err := l.finish(OpComplete, v, err, start); err != nil {
 		return err
 	}
 	if acked < l.store.waitReplicas {
@@ -271,10 +333,22 @@ func (l *Lease) Complete(ctx context.Context, rec *Record, ttl time.Duration) er
 
 // Release frees the claimed key so that the next request executes again, if
 // the claim is still ours; otherwise it returns ErrLost and deletes nothing.
+// It tries twice, within CompleteBudget, on a context that ctx's
+// cancellation does not reach; after that the lock TTL frees the key.
 func (l *Lease) Release(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CompleteBudget)
+	defer cancel()
+	err := l.releaseOnce(ctx)
+	if err != nil && !errors.Is(err, ErrLost) {
+		err = l.releaseOnce(ctx)
+	}
+	return err
+}
+
+func (l *Lease) releaseOnce(ctx context.Context) error {
 	start := time.Now()
 	v, err := releaseScript.Run(ctx, l.store.rdb, l.keys, l.token).Result()
-	return l.finish("release", v, err, start)
+	return l.finish(OpRelease, v, err, start)
 }
 
 // run runs a script with EVALSHA, falling back to EVAL on NOSCRIPT. With
@@ -325,16 +399,16 @@ func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, ar
 	return v, int(acked), nil
 }
 
-func (l *Lease) finish(script string, v any, err error, start time.Time) error {
+func (l *Lease) finish(op Op, v any, err error, start time.Time) error {
 	status, args, err := decodeReply(v, err)
 	label := resultLabel(status, err)
 	if status == "ok" && args[0] == "recreated" {
 		label = "recreated"
 		l.Recreated = true
 	}
-	l.store.obs(script, label, time.Since(start))
+	l.store.obs(Event{op, label, time.Since(start)})
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", script, l.keys[0], err)
+		return fmt.Errorf("%s %s: %w", op, l.keys[0], err)
 	}
 	switch status {
 	case "ok":
@@ -342,7 +416,7 @@ func (l *Lease) finish(script string, v any, err error, start time.Time) error {
 	case "lost":
 		return ErrLost
 	}
-	return fmt.Errorf("%s %s: unexpected status %q", script, l.keys[0], status)
+	return fmt.Errorf("%s %s: unexpected status %q", op, l.keys[0], status)
 }
 
 // decodeReply checks the shape of a script reply: an array of one to three

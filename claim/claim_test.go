@@ -217,7 +217,8 @@ func TestNoScript(t *testing.T) {
 	rdb := srv.Client()
 	var calls []string
 	var mu sync.Mutex
-	s := claim.NewStore(rdb, "test:", func(script, result string, _ time.Duration) {
+	s := claim.NewStore(rdb, "test:", func(ev claim.Event) {
+		script, result := string(ev.Op), ev.Result
 		mu.Lock()
 		calls = append(calls, script+":"+result)
 		mu.Unlock()
@@ -392,7 +393,8 @@ func TestCompleteAfterExpiry(t *testing.T) {
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			var results []string
-			s := claim.NewStore(be.rdb, "test:", func(script, result string, _ time.Duration) {
+			s := claim.NewStore(be.rdb, "test:", func(ev claim.Event) {
+				script, result := string(ev.Op), ev.Result
 				if script == "complete" {
 					results = append(results, result)
 				}
@@ -534,7 +536,8 @@ func TestUnavailable(t *testing.T) {
 func TestReplayCache(t *testing.T) {
 	srv := redistest.Start(t)
 	var hits atomic.Int64
-	s := claim.NewStore(srv.Client(), "test:", func(script, result string, _ time.Duration) {
+	s := claim.NewStore(srv.Client(), "test:", func(ev claim.Event) {
+		script, result := string(ev.Op), ev.Result
 		if script == "cache" && result == "hit" {
 			hits.Add(1)
 		}

@@ -17,13 +17,6 @@ import (
 	"github.com/idemproxy/idemproxy/claim"
 )
 
-// completionTimeout bounds the recording of one answer, retries included. It
-// runs on a context the client cannot cancel.
-const completionTimeout = 10 * time.Second
-
-// completionAttempts: 50ms, 150ms, 450ms, then every second, about 5s of retries.
-const completionAttempts = 8
-
 type exchangeKey struct{}
 
 var errRequestSent = errors.New("proxy: request already written to the upstream; not resending it")
@@ -254,28 +247,10 @@ func (h *Handler) forward(ex *exchange, out *http.Request) (aborted bool) {
 	return false
 }
 
-// complete records the answer, retrying a few times: the answer has been
-// given, so losing the record would let a retry execute again.
+// complete records the answer (claim.Lease retries it) and reports how
+// that went.
 func (h *Handler) complete(r *http.Request, lease *claim.Lease, rec *claim.Record, ttl time.Duration, res *result) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), completionTimeout)
-	defer cancel()
-	var err error
-	// go-redis, after failed dials, refuses calls for about a second before
-	// dialing again: keep trying for several seconds, not milliseconds.
-	backoff := 50 * time.Millisecond
-	for attempt := range completionAttempts {
-		if attempt > 0 {
-			select {
-			case <-ctx.Done():
-			case <-time.After(backoff):
-			}
-			backoff = min(backoff*3, time.Second)
-		}
-		err = lease.Complete(ctx, rec, ttl)
-		if err == nil || errors.Is(err, claim.ErrLost) || errors.Is(err, claim.ErrNotReplicated) || ctx.Err() != nil {
-			break
-		}
-	}
+	err := lease.Complete(r.Context(), rec, ttl)
 	lg := hlog.FromRequest(r)
 	switch {
 	case err == nil && lease.Recreated:
@@ -304,13 +279,7 @@ func (h *Handler) complete(r *http.Request, lease *claim.Lease, rec *claim.Recor
 
 // release frees the claim so that a retry executes again.
 func (h *Handler) release(r *http.Request, lease *claim.Lease, res *result) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), completionTimeout)
-	defer cancel()
-	err := lease.Release(ctx)
-	if err != nil && !errors.Is(err, claim.ErrLost) {
-		err = lease.Release(ctx) // one retry; after that the lock TTL frees it
-	}
-	if err != nil && !errors.Is(err, claim.ErrLost) {
+	if err := lease.Release(r.Context()); err != nil && !errors.Is(err, claim.ErrLost) {
 		hlog.FromRequest(r).Error().Err(err).Str("key_hash", res.keyHash).
 			Msg("could not release claim; the key stays in flight until its lock TTL")
 	}

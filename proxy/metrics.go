@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemproxy/idemproxy/claim"
 )
 
 // Outcomes, the `outcome` label of idemproxy_requests_total and the
@@ -108,13 +110,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// ObserveScript has the signature of claim.Observer.
-func (m *Metrics) ObserveScript(script, result string, d time.Duration) {
-	if script == "cache" {
+// ObserveScript is a claim.Observer.
+func (m *Metrics) ObserveScript(ev claim.Event) {
+	if ev.Op == claim.OpCacheHit {
 		m.cacheHits.Inc()
 		return
 	}
-	m.script.WithLabelValues(script, result).Observe(d.Seconds())
+	m.script.WithLabelValues(string(ev.Op), ev.Result).Observe(ev.Duration.Seconds())
 }
 
 func (m *Metrics) observeUpstream(route string, status int, d time.Duration) {
