@@ -16,7 +16,8 @@
 --   {"mismatch"}                key is held (in flight or completed) for another fingerprint
 --   {"otherupstream"}           key is held for a request sent to another upstream (records
 --                               written before the field existed carry none and match)
---   {"inflight", "<pttl ms>"}   key is in flight for this fingerprint
+--   {"inflight"}                key is in flight for this fingerprint (the proxy answers
+--                               409 with Retry-After: 1 whatever the lock's time left)
 --   {"replay", "<record>", "<pttl ms>"}
 --                               key is completed for this fingerprint: the encoded
 --                               record, and how long Redis keeps it still
@@ -35,7 +36,7 @@ if cur[1] then
     -- Our own claim: the client resent the script after losing the reply.
     return {'claimed'}
   end
-  return {'inflight', tostring(redis.call('PTTL', KEYS[1]))}
+  return {'inflight'}
 end
 
 local t = redis.call('TIME')
