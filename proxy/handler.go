@@ -10,11 +10,9 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -61,7 +59,8 @@ type Handler struct {
 	opts     Options
 	router   *router
 	methods  map[string]bool
-	rp       *httputil.ReverseProxy
+	plain    *httputil.ReverseProxy // pass-through (passthrough.go)
+	keyed    *httputil.ReverseProxy // claimed requests (keyed.go)
 	metrics  *Metrics
 	titleUse string // IETF draft titles, with the configured header name
 	titleOut string
@@ -117,24 +116,41 @@ func New(store Store, opts Options) (*Handler, error) {
 	for _, m := range opts.Methods {
 		h.methods[m] = true
 	}
-	h.rp = &httputil.ReverseProxy{
+	// Two forwarding paths, each owning its hooks: plain streams a request
+	// through and answers its errors; keyed runs a claimed request into an
+	// exchange (keyed.go), which records the answer.
+	pool := NewBufferPool()
+	errLog := log.New(opts.Logger, "", 0)
+	h.plain = &httputil.ReverseProxy{
+		Rewrite:      h.rewrite,
+		Transport:    opts.Transport,
+		BufferPool:   pool,
+		ErrorHandler: h.plainError,
+		ErrorLog:     errLog,
+	}
+	h.keyed = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(opts.Upstream)
-			pr.SetXForwarded()
-			hideIdempotencyKey(pr.Out.Header)
+			h.rewrite(pr)
 			// ReverseProxy sends an empty body as nil, and the Transport then
 			// resends a written GET/HEAD/OPTIONS/TRACE without asking GetBody.
-			if _, keyed := pr.Out.Context().Value(exchangeKey{}).(*exchange); keyed && pr.Out.Body == nil {
+			if pr.Out.Body == nil {
 				pr.Out.Body = io.NopCloser(strings.NewReader(""))
 			}
 		},
 		Transport:      opts.Transport,
-		BufferPool:     NewBufferPool(),
-		ModifyResponse: h.modifyResponse,
-		ErrorHandler:   h.errorHandler,
-		ErrorLog:       log.New(opts.Logger, "", 0),
+		BufferPool:     pool,
+		ModifyResponse: keyedResponse,
+		ErrorHandler:   keyedError,
+		ErrorLog:       errLog,
 	}
 	return h, nil
+}
+
+// rewrite is the outgoing request of both forwarding paths.
+func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
+	pr.SetURL(h.opts.Upstream)
+	pr.SetXForwarded()
+	hideIdempotencyKey(pr.Out.Header)
 }
 
 // upgradeRequested reports whether the request asks to switch protocols
@@ -206,27 +222,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	h.metrics.inflight.Inc()
 	res := result{route: "default", upstreamMS: -1}
-	defer func() {
-		h.metrics.inflight.Dec()
-		h.metrics.count(h.metrics.requests, "requests", res.route, res.outcome)
-		h.metrics.count(h.metrics.responses, "responses", res.route, statusText(res.status))
-		ev := hlog.FromRequest(r).Info().
-			Str("method", r.Method).
-			Str("route", res.route).
-			Int("status", res.status).
-			Str("outcome", res.outcome)
-		if res.keyHash != "" {
-			ev = ev.Str("key_hash", res.keyHash)
-		}
-		if res.upstreamMS >= 0 {
-			ev = ev.Float64("upstream_ms", res.upstreamMS)
-		}
-		ev.Float64("total_ms", float64(time.Since(start).Microseconds())/1000).Msg("request")
-		if res.deadline != nil {
-			_ = res.deadline.Flush()
-			_ = res.deadline.SetWriteDeadline(time.Time{})
-		}
-	}()
+	defer h.finish(r, &res, start)
 
 	pol := h.opts.Default
 	pol.Covered = h.methods[r.Method]
@@ -244,36 +240,25 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			r.Header.Del("Http2-Settings")
 		case pol.Upgrade:
 			r.Header.Set("Upgrade", upgrade)
-			res.outcome = outcomePassthrough
-			h.passthrough(w, r, &res)
+			h.passthrough(w, r, &res, outcomePassthrough)
 			return
 		default:
-			res.outcome, res.status = outcomeInvalid, http.StatusBadRequest
-			writeProblem(w, res.status, typeUpgradeRefused, "Protocol upgrade not allowed",
-				"This route does not allow switching protocols (Upgrade: "+upgrade+").")
+			upgradeRefused(upgrade).write(w, &res)
 			return
 		}
 	}
 	if !pol.Covered || pol.Off {
-		res.outcome = outcomePassthrough
-		h.passthrough(w, r, &res)
+		h.passthrough(w, r, &res, outcomePassthrough)
 		return
 	}
 
 	key, err := parseKey(r.Header.Values(h.opts.KeyHeader), h.opts.MaxKeyLength)
-	switch {
-	case errors.Is(err, errNoKey) && pol.Required:
-		res.outcome, res.status = outcomeInvalid, http.StatusBadRequest
-		writeProblem(w, res.status, typeKeyMissing, h.titleMis,
-			"This route requires an "+h.opts.KeyHeader+" header on "+r.Method+" requests.")
-		return
-	case errors.Is(err, errNoKey):
-		res.outcome = outcomeNoKey
-		h.passthrough(w, r, &res)
-		return
-	case err != nil:
-		res.outcome, res.status = outcomeInvalid, http.StatusBadRequest
-		writeProblem(w, res.status, typeKeyInvalid, h.opts.KeyHeader+" is invalid", err.Error()+".")
+	if err != nil {
+		if a := h.keyAnswer(err, pol, r.Method); a.forwarded() {
+			h.passthrough(w, r, &res, a.outcome)
+		} else {
+			a.write(w, &res)
+		}
 		return
 	}
 	// Stripe echoes the key on every answer to a keyed request.
@@ -282,22 +267,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	body, err := readBody(w, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout)
 	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			res.outcome, res.status = outcomeTooLarge, http.StatusRequestEntityTooLarge
-			writeProblem(w, res.status, typeBodyTooLarge, "Request body is too large",
-				fmt.Sprintf("Requests with an %s may carry at most %d bytes.", h.opts.KeyHeader, h.opts.MaxBodyBytes))
-			return
-		}
-		if errors.Is(err, errBodyTimeout) {
-			res.outcome, res.status = outcomeInvalid, http.StatusRequestTimeout
-			w.Header().Set("Connection", "close")
-			writeProblem(w, res.status, typeRequestTimeout, "Request body not received in time",
-				fmt.Sprintf("The request body did not arrive within %v. Nothing was executed; retry with the same key.", h.opts.RequestReadTimeout))
-			return
-		}
-		res.outcome, res.status = outcomeInvalid, http.StatusBadRequest
-		writeProblem(w, res.status, typeBodyUnreadable, "Request body could not be read", err.Error())
+		h.bodyAnswer(err).write(w, &res)
 		return
 	}
 	fp := fingerprint(r, body)
@@ -308,53 +278,53 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	lease, rec, err := h.acquire(r.Context(), k, fp, pol)
 	switch {
 	case err == nil && rec != nil:
-		res.outcome = outcomeReplayed
-		res.status = h.replay(w, rec, &res)
+		h.replay(w, rec, &res)
 	case err == nil:
-		res.outcome = outcomeExecuted
 		if lease.TakenOver {
-			res.outcome = outcomeTakeover
 			h.metrics.takeoverAge.Observe(lease.TakeoverAge.Seconds())
 		}
 		h.execute(w, r, body, lease, pol, &res)
-	case errors.Is(err, claim.ErrOtherUpstream):
-		res.outcome, res.status = outcomeMismatch, http.StatusUnprocessableEntity
-		writeProblem(w, res.status, typeKeyReused, h.titleUse,
-			"This key was first used for a request to another upstream service.")
-	case errors.Is(err, claim.ErrMismatch):
-		res.outcome, res.status = outcomeMismatch, http.StatusUnprocessableEntity
-		writeProblem(w, res.status, typeKeyReused, h.titleUse,
-			"This key was first used for a request with another method, path, query or body.")
-	case errors.Is(err, claim.ErrInFlight):
-		res.outcome, res.status = outcomeInFlight, http.StatusConflict
-		writeProblem(w, res.status, typeRequestOutstanding, h.titleOut,
-			"The first request with this key has not finished yet; retry later to get its answer.")
-	case errors.Is(err, claim.ErrBadRecord):
-		// Not an outage: failing open here would execute a completed key again.
-		res.outcome, res.status = outcomeStoreError, http.StatusInternalServerError
-		hlog.FromRequest(r).Error().Err(err).Str("key_hash", res.keyHash).Msg("stored record cannot be decoded")
-		writeProblem(w, res.status, typeRecordUnreadable, "Stored response cannot be read",
-			"A response was recorded for this key but cannot be decoded (written by an incompatible version?). It is not executed again.")
-	case r.Context().Err() != nil:
-		// The client left while we waited; nothing was claimed.
-		res.outcome, res.status = outcomeInFlight, 499
-	case pol.FailOpen && claim.Unavailable(err):
-		// Only an outage: a Redis that answers but refuses (out of memory
-		// under noeviction) is no reason to drop the guarantee.
-		res.outcome = outcomeFailOpen
-		hlog.FromRequest(r).Warn().Err(err).Str("key_hash", res.keyHash).
-			Msg("Redis unreachable; forwarding without idempotency guarantee (fail open)")
-		r.Body = bodyReader(body)
-		h.passthrough(w, r, &res)
 	default:
-		res.outcome, res.status = outcomeStoreError, http.StatusServiceUnavailable
-		msg := "Redis unreachable; answering 503 (fail closed)"
-		if !claim.Unavailable(err) {
-			msg = "Redis refused the claim; answering 503"
+		a := h.claimAnswer(err, r.Context().Err(), pol)
+		lg := hlog.FromRequest(r)
+		switch {
+		case errors.Is(err, claim.ErrBadRecord):
+			lg.Error().Err(err).Str("key_hash", res.keyHash).Msg("stored record cannot be decoded")
+		case a.outcome == outcomeFailOpen:
+			lg.Warn().Err(err).Str("key_hash", res.keyHash).Msg("Redis unreachable; forwarding without idempotency guarantee (fail open)")
+			r.Body = bodyReader(body)
+			h.passthrough(w, r, &res, a.outcome)
+			return
+		case a.outcome == outcomeStoreError && claim.Unavailable(err):
+			lg.Error().Err(err).Str("key_hash", res.keyHash).Msg("Redis unreachable; answering 503 (fail closed)")
+		case a.outcome == outcomeStoreError:
+			lg.Error().Err(err).Str("key_hash", res.keyHash).Msg("Redis refused the claim; answering 503")
 		}
-		hlog.FromRequest(r).Error().Err(err).Str("key_hash", res.keyHash).Msg(msg)
-		writeProblem(w, res.status, typeStoreUnavailable, "Idempotency store is unavailable",
-			"The request was not forwarded. Retry later with the same key.")
+		a.write(w, &res)
+	}
+}
+
+// finish writes the access log line and the metrics of one request, then
+// lifts the write deadline a stage may have put on the connection.
+func (h *Handler) finish(r *http.Request, res *result, start time.Time) {
+	h.metrics.inflight.Dec()
+	h.metrics.count(h.metrics.requests, "requests", res.route, res.outcome)
+	h.metrics.count(h.metrics.responses, "responses", res.route, statusText(res.status))
+	ev := hlog.FromRequest(r).Info().
+		Str("method", r.Method).
+		Str("route", res.route).
+		Int("status", res.status).
+		Str("outcome", res.outcome)
+	if res.keyHash != "" {
+		ev = ev.Str("key_hash", res.keyHash)
+	}
+	if res.upstreamMS >= 0 {
+		ev = ev.Float64("upstream_ms", res.upstreamMS)
+	}
+	ev.Float64("total_ms", float64(time.Since(start).Microseconds())/1000).Msg("request")
+	if res.deadline != nil {
+		_ = res.deadline.Flush()
+		_ = res.deadline.SetWriteDeadline(time.Time{})
 	}
 }
 
@@ -440,15 +410,14 @@ func (h *Handler) scope(r *http.Request, buf []string) []string {
 
 // replay writes a recorded answer, within UPSTREAM_TIMEOUT: a client that
 // never reads must not hold the handler.
-func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record, res *result) int {
+func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record, res *result) {
 	hdr := w.Header()
 	hdr["Idempotent-Replayed"] = replayedTrue
 	if rec.BodyNotStored {
-		writeProblem(w, rec.Status, typeResponseNotStored, "Original response too large to replay",
-			"The first request with this key was executed and answered with status "+strconv.Itoa(rec.Status)+
-				", but its response body was too large, streaming, or cut off to be recorded. It is not executed again.")
-		return rec.Status
+		notStoredAnswer(rec.Status).write(w, res)
+		return
 	}
+	res.status, res.outcome = rec.Status, outcomeReplayed
 	echo := hdr.Values(h.opts.KeyHeader)
 	copyRecordable(hdr, rec.Header)
 	hdr[h.opts.KeyHeader] = echo
@@ -467,131 +436,4 @@ func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record, res *result) 
 	for name, vv := range rec.Trailer {
 		hdr[name] = vv
 	}
-	return rec.Status
-}
-
-// passthrough forwards without any idempotency handling, streaming the body
-// both ways. A request body must keep arriving (REQUEST_READ_TIMEOUT between
-// reads) and the client must keep reading the answer (UPSTREAM_TIMEOUT per
-// write); a stream that flows is never cut.
-func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *result) {
-	rc := http.NewResponseController(w)
-	sw := &statusWriter{ResponseWriter: w, keep: proxyHeaders(w.Header(), h.opts.KeyHeader), rc: rc, writeTimeout: h.opts.UpstreamTimeout}
-	if r.Body != nil && r.Body != http.NoBody {
-		sw.body = &idleBody{ReadCloser: r.Body, rc: rc, timeout: h.opts.RequestReadTimeout}
-		r.Body = sw.body
-	}
-	defer func() { // also when ReverseProxy aborts (panics) mid-body
-		res.status = sw.status
-		if res.status == 0 {
-			res.status = http.StatusBadGateway
-		}
-		if sw.deadlines {
-			_ = rc.SetWriteDeadline(time.Now().Add(h.opts.UpstreamTimeout))
-			res.deadline = rc
-		}
-		if sw.body != nil {
-			_ = rc.SetReadDeadline(time.Time{})
-		}
-	}()
-	h.rp.ServeHTTP(sw, r)
-}
-
-// proxyHeaders are the headers the proxy itself set on the answer before
-// forwarding (request id, key echo). ReverseProxy clears the header map after
-// relaying a 1xx answer; the final answer gets them back.
-type savedHeaders struct {
-	requestID, echo []string
-	echoName        string
-}
-
-func proxyHeaders(h http.Header, echoName string) savedHeaders {
-	return savedHeaders{requestID: h["X-Request-Id"], echo: h[echoName], echoName: echoName}
-}
-
-func (s savedHeaders) restore(h http.Header) {
-	if s.requestID != nil && h["X-Request-Id"] == nil {
-		h["X-Request-Id"] = s.requestID
-	}
-	if s.echo != nil {
-		h[s.echoName] = s.echo // set, not added: an upstream echo must not double it
-	}
-}
-
-// statusWriter remembers the status for the access log and puts a write
-// deadline on each write; Unwrap lets ReverseProxy flush and hijack
-// (protocol upgrades) through it.
-type statusWriter struct {
-	http.ResponseWriter
-	status       int
-	keep         savedHeaders
-	rc           *http.ResponseController
-	writeTimeout time.Duration
-	deadlines    bool      // a write deadline was set
-	body         *idleBody // the request body, when there is one
-}
-
-func (s *statusWriter) WriteHeader(code int) {
-	if s.status == 0 && code >= 200 {
-		s.status = code
-		s.keep.restore(s.ResponseWriter.Header())
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusWriter) Write(p []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	s.deadlines = s.rc.SetWriteDeadline(time.Now().Add(s.writeTimeout)) == nil || s.deadlines
-	return s.ResponseWriter.Write(p)
-}
-
-func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
-
-// errorHandler gets the upstream round-trip failures. For a keyed exchange it
-// only notes the error: execute decides what to answer and what to do with
-// the claim. For a pass-through it answers directly.
-func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
-	if ex, ok := w.(*exchange); ok {
-		ex.upErr = err
-		return
-	}
-	if sw, ok := w.(*statusWriter); ok && sw.body != nil && sw.body.timedOut.Load() {
-		hlog.FromRequest(r).Warn().Err(err).Msg("request body stalled; forward abandoned")
-		w.Header().Set("Connection", "close")
-		writeProblem(w, http.StatusRequestTimeout, typeRequestTimeout, "Request body not received in time",
-			fmt.Sprintf("The request body stopped arriving for %v.", h.opts.RequestReadTimeout))
-		return
-	}
-	status, typ, title := classifyUpstreamError(err, !isDialError(err))
-	hlog.FromRequest(r).Warn().Err(err).Int("status", status).Msg("upstream request failed")
-	// The error text stays in the log: it names internal addresses.
-	writeProblem(w, status, typ, title, title+".")
-}
-
-// classifyUpstreamError maps a round-trip failure to an answer. A request
-// that never reached the upstream (no connection obtained, or the dial
-// failed) is "unreachable" (502) even when the dial ran into the timeout.
-func classifyUpstreamError(err error, mayHaveLeft bool) (int, string, string) {
-	if !mayHaveLeft {
-		return http.StatusBadGateway, typeUpstreamUnreachable, "Upstream is unreachable"
-	}
-	var ne net.Error
-	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
-		return http.StatusGatewayTimeout, typeUpstreamTimeout, "Upstream timed out"
-	}
-	return http.StatusBadGateway, typeUpstreamFailed, "Upstream connection failed"
-}
-
-func isDialError(err error) bool {
-	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
-}
-
-func (h *Handler) modifyResponse(res *http.Response) error {
-	if ex, ok := res.Request.Context().Value(exchangeKey{}).(*exchange); ok {
-		ex.upstreamResponse(res)
-	}
-	return nil
 }

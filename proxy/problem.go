@@ -33,7 +33,7 @@ type problem struct {
 }
 
 // writeProblem writes an RFC 9457 problem+json answer. Every answer the
-// proxy produces itself goes through here.
+// proxy produces itself goes through here (by answer.write).
 func writeProblem(w http.ResponseWriter, status int, typ, title, detail string) {
 	body, err := json.Marshal(problem{Type: typ, Title: title, Status: status, Detail: detail})
 	if err != nil { // cannot happen for strings and ints
@@ -44,9 +44,6 @@ func writeProblem(w http.ResponseWriter, status int, typ, title, detail string) 
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Set("Cache-Control", "no-store")
-	if typ == typeRequestOutstanding || typ == typeStoreUnavailable {
-		h.Set("Retry-After", "1")
-	}
 	w.WriteHeader(status)
 	_, _ = w.Write(body) // the client is gone if this fails; nothing to do
 }

@@ -178,19 +178,33 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 		h.metrics.observeUpstream(res.route, 0, time.Since(start))
 	}
 
+	if ex.upErr != nil {
+		a := upstreamAnswer(ex.upErr, !ex.gotConn.Load() || isDialError(ex.upErr))
+		if a.outcome == outcomeReleased {
+			// The request never left: release, so a retry executes.
+			h.release(r, lease, res)
+			a.detail = a.title + ". The request was not sent; retry with the same key."
+		} else {
+			a.detail = a.title + ". The request may have been executed; retries with this key get 409 until the claim expires."
+		}
+		lg.Warn().Err(ex.upErr).Str("key_hash", res.keyHash).Int("status", a.status).Msg("upstream request failed")
+		a.write(w, res)
+		return
+	}
+	a := recordAnswer(ex.status, pol, lease.TakenOver)
+	res.status, res.outcome = a.status, a.outcome
 	switch {
-	case aborted && ex.status >= 500 && !pol.Store5xx:
-		res.outcome, res.status = outcomeReleased, ex.status
-		lg.Warn().Str("key_hash", res.keyHash).Msg("upstream 5xx answer broke off mid-body; claim released")
+	case a.outcome == outcomeReleased:
+		if aborted {
+			lg.Warn().Str("key_hash", res.keyHash).Msg("upstream 5xx answer broke off mid-body; claim released")
+		}
 		h.release(r, lease, res)
-		panic(http.ErrAbortHandler)
 	case aborted:
 		// The final status arrived, so the upstream did execute; its body
 		// broke off (or UPSTREAM_TIMEOUT cut a long stream). Record the
 		// status without the body, as for an answer too large to store, so
 		// that a retry never executes again; then cut the client off, so it
 		// sees the answer was incomplete.
-		res.status = ex.status
 		lg.Warn().Str("key_hash", res.keyHash).Int("status", ex.status).
 			Msg("upstream answer broke off mid-body; recorded without its body")
 		rec := &claim.Record{Status: ex.status, Header: recordableHeader(ex.header), BodyNotStored: true}
@@ -198,28 +212,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 		if res.outcome == outcomeExecuted || res.outcome == outcomeTakeover {
 			res.outcome = outcomeUpstreamError
 		}
-		panic(http.ErrAbortHandler)
-	case ex.upErr != nil:
-		neverLeft := !ex.gotConn.Load() || isDialError(ex.upErr)
-		status, typ, title := classifyUpstreamError(ex.upErr, !neverLeft)
-		res.status = status
-		detail := title + "."
-		if neverLeft {
-			// The request never left: release, so a retry executes.
-			res.outcome = outcomeReleased
-			h.release(r, lease, res)
-			detail += " The request was not sent; retry with the same key."
-		} else {
-			res.outcome = outcomeUpstreamError
-			detail += " The request may have been executed; retries with this key get 409 until the claim expires."
-		}
-		lg.Warn().Err(ex.upErr).Str("key_hash", res.keyHash).Int("status", status).Msg("upstream request failed")
-		writeProblem(w, status, typ, title, detail)
-	case ex.status >= 500 && !pol.Store5xx:
-		res.outcome, res.status = outcomeReleased, ex.status
-		h.release(r, lease, res)
 	default:
-		res.status = ex.status
 		rec := &claim.Record{Status: ex.status, Header: recordableHeader(ex.header), BodyNotStored: ex.noBody}
 		if !ex.noBody {
 			rec.Body = ex.buf.Bytes()
@@ -228,6 +221,9 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 			}
 		}
 		h.complete(r, lease, rec, pol.TTL, res)
+	}
+	if aborted {
+		panic(http.ErrAbortHandler)
 	}
 }
 
@@ -243,7 +239,7 @@ func (h *Handler) forward(ex *exchange, out *http.Request) (aborted bool) {
 			aborted = true
 		}
 	}()
-	h.rp.ServeHTTP(ex, out)
+	h.keyed.ServeHTTP(ex, out)
 	return false
 }
 
@@ -283,4 +279,17 @@ func (h *Handler) release(r *http.Request, lease *claim.Lease, res *result) {
 		hlog.FromRequest(r).Error().Err(err).Str("key_hash", res.keyHash).
 			Msg("could not release claim; the key stays in flight until its lock TTL")
 	}
+}
+
+// keyedResponse is the keyed path's ModifyResponse: the exchange learns the
+// upstream's status and headers before ReverseProxy copies the body.
+func keyedResponse(res *http.Response) error {
+	res.Request.Context().Value(exchangeKey{}).(*exchange).upstreamResponse(res)
+	return nil
+}
+
+// keyedError is the keyed path's ErrorHandler: it only notes the error;
+// execute decides what to answer and what to do with the claim.
+func keyedError(w http.ResponseWriter, _ *http.Request, err error) {
+	w.(*exchange).upErr = err
 }

@@ -1,0 +1,162 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// answer is what the proxy answers to one request, and why. Every status
+// the proxy decides is made by one of the small functions below, one per
+// stage (the request, the claim, the upstream); the README's behaviour
+// table is their table-driven test (answer_test.go). When typ is empty the
+// body is not the proxy's own: the request is forwarded (outcome tells why)
+// or the upstream's answer is passed on.
+type answer struct {
+	status     int
+	outcome    string
+	typ, title string // the problem+json the proxy writes
+	detail     string
+	retryAfter bool // Retry-After: 1 (the contract's value for 409 and 503)
+	closeConn  bool // the request body stalled: the connection is not reused
+}
+
+// forwarded reports whether the answer is to forward the request rather
+// than answer it here.
+func (a answer) forwarded() bool {
+	return a.outcome == outcomeNoKey || a.outcome == outcomeFailOpen || a.outcome == outcomePassthrough
+}
+
+// upgradeRefused: a protocol switch on a route that does not allow it.
+func upgradeRefused(protocols string) answer {
+	return answer{status: http.StatusBadRequest, outcome: outcomeInvalid,
+		typ: typeUpgradeRefused, title: "Protocol upgrade not allowed",
+		detail: "This route does not allow switching protocols (Upgrade: " + protocols + ")."}
+}
+
+// keyAnswer: the stage that reads the key. err is parseKey's.
+func (h *Handler) keyAnswer(err error, pol Policy, method string) answer {
+	switch {
+	case errors.Is(err, errNoKey) && pol.Required:
+		return answer{status: http.StatusBadRequest, outcome: outcomeInvalid, typ: typeKeyMissing, title: h.titleMis,
+			detail: "This route requires an " + h.opts.KeyHeader + " header on " + method + " requests."}
+	case errors.Is(err, errNoKey):
+		return answer{outcome: outcomeNoKey}
+	}
+	return answer{status: http.StatusBadRequest, outcome: outcomeInvalid, typ: typeKeyInvalid,
+		title: h.opts.KeyHeader + " is invalid", detail: err.Error() + "."}
+}
+
+// bodyAnswer: the stage that buffers a keyed body. err is readBody's.
+func (h *Handler) bodyAnswer(err error) answer {
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		return answer{status: http.StatusRequestEntityTooLarge, outcome: outcomeTooLarge, typ: typeBodyTooLarge,
+			title:  "Request body is too large",
+			detail: fmt.Sprintf("Requests with an %s may carry at most %d bytes.", h.opts.KeyHeader, h.opts.MaxBodyBytes)}
+	case errors.Is(err, errBodyTimeout):
+		return h.bodyTimeout(fmt.Sprintf("The request body did not arrive within %v. Nothing was executed; retry with the same key.", h.opts.RequestReadTimeout))
+	}
+	return answer{status: http.StatusBadRequest, outcome: outcomeInvalid, typ: typeBodyUnreadable,
+		title: "Request body could not be read", detail: err.Error()}
+}
+
+func (h *Handler) bodyTimeout(detail string) answer {
+	return answer{status: http.StatusRequestTimeout, outcome: outcomeInvalid, typ: typeRequestTimeout,
+		title: "Request body not received in time", detail: detail, closeConn: true}
+}
+
+// claimAnswer: the stage that claims the key, for every error Acquire
+// returns. clientGone is the request context's error.
+func (h *Handler) claimAnswer(err, clientGone error, pol Policy) answer {
+	switch {
+	case errors.Is(err, claim.ErrOtherUpstream):
+		return answer{status: http.StatusUnprocessableEntity, outcome: outcomeMismatch, typ: typeKeyReused, title: h.titleUse,
+			detail: "This key was first used for a request to another upstream service."}
+	case errors.Is(err, claim.ErrMismatch):
+		return answer{status: http.StatusUnprocessableEntity, outcome: outcomeMismatch, typ: typeKeyReused, title: h.titleUse,
+			detail: "This key was first used for a request with another method, path, query or body."}
+	case errors.Is(err, claim.ErrInFlight):
+		return answer{status: http.StatusConflict, outcome: outcomeInFlight, typ: typeRequestOutstanding, title: h.titleOut,
+			detail: "The first request with this key has not finished yet; retry later to get its answer.", retryAfter: true}
+	case errors.Is(err, claim.ErrBadRecord):
+		// Not an outage: failing open here would execute a completed key again.
+		return answer{status: http.StatusInternalServerError, outcome: outcomeStoreError, typ: typeRecordUnreadable,
+			title:  "Stored response cannot be read",
+			detail: "A response was recorded for this key but cannot be decoded (written by an incompatible version?). It is not executed again."}
+	case clientGone != nil:
+		// The client left while we waited; nothing was claimed.
+		return answer{status: 499, outcome: outcomeInFlight}
+	case pol.FailOpen && claim.Unavailable(err):
+		// Only an outage: a Redis that answers but refuses (out of memory
+		// under noeviction) is no reason to drop the guarantee.
+		return answer{outcome: outcomeFailOpen}
+	}
+	return answer{status: http.StatusServiceUnavailable, outcome: outcomeStoreError, typ: typeStoreUnavailable,
+		title: "Idempotency store is unavailable", detail: "The request was not forwarded. Retry later with the same key.",
+		retryAfter: true}
+}
+
+// upstreamAnswer: the stage that forwards, for a round trip that failed
+// before an answer arrived. A request that never reached the upstream (no
+// connection obtained, or the dial failed) is "unreachable" (502, outcome
+// released: a keyed claim is freed) even when the dial ran into the
+// timeout. Once it may have left, the outcome is unknown: 504 on a timeout,
+// 502 otherwise (outcome upstream_error: a keyed claim is kept).
+func upstreamAnswer(err error, neverLeft bool) answer {
+	if neverLeft {
+		return answer{status: http.StatusBadGateway, outcome: outcomeReleased, typ: typeUpstreamUnreachable, title: "Upstream is unreachable"}
+	}
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		return answer{status: http.StatusGatewayTimeout, outcome: outcomeUpstreamError, typ: typeUpstreamTimeout, title: "Upstream timed out"}
+	}
+	return answer{status: http.StatusBadGateway, outcome: outcomeUpstreamError, typ: typeUpstreamFailed, title: "Upstream connection failed"}
+}
+
+// recordAnswer: the stage that forwards, for an answer whose status
+// arrived. A 5xx is released unless the policy stores it; anything else is
+// recorded (without its body when it broke off).
+func recordAnswer(status int, pol Policy, takeover bool) answer {
+	switch {
+	case status >= 500 && !pol.Store5xx:
+		return answer{status: status, outcome: outcomeReleased}
+	case takeover:
+		return answer{status: status, outcome: outcomeTakeover}
+	}
+	return answer{status: status, outcome: outcomeExecuted}
+}
+
+// notStoredAnswer is the replay of a record kept without its body.
+func notStoredAnswer(status int) answer {
+	return answer{status: status, outcome: outcomeReplayed, typ: typeResponseNotStored,
+		title: "Original response too large to replay",
+		detail: "The first request with this key was executed and answered with status " + strconv.Itoa(status) +
+			", but its response body was too large, streaming, or cut off to be recorded. It is not executed again."}
+}
+
+// write sends the answer's problem and notes it in res. An answer without a
+// problem type writes nothing (the client is gone, or another stage writes).
+func (a answer) write(w http.ResponseWriter, res *result) {
+	res.status, res.outcome = a.status, a.outcome
+	if a.typ == "" {
+		return
+	}
+	if a.retryAfter {
+		w.Header().Set("Retry-After", "1")
+	}
+	if a.closeConn {
+		w.Header().Set("Connection", "close")
+	}
+	detail := a.detail
+	if detail == "" {
+		detail = a.title + "."
+	}
+	writeProblem(w, a.status, a.typ, a.title, detail)
+}

@@ -1,0 +1,82 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// TestBehaviourTable is the README's "Behaviour" table, row by row, over
+// the functions that decide every status. The HTTP tests (handler_test.go
+// and the others) drive the same rows over real HTTP.
+func TestBehaviourTable(t *testing.T) {
+	u, _ := url.Parse("http://127.0.0.1:1")
+	h, err := New(nil, Options{Upstream: u, KeyHeader: "Idempotency-Key", UpstreamTimeout: time.Second,
+		RequestReadTimeout: time.Second, MaxBodyBytes: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	required := Policy{Required: true}
+	open := Policy{FailOpen: true}
+	store5xx := Policy{Store5xx: true}
+	redisDown := fmt.Errorf("claim x: %w", &net.OpError{Op: "dial", Err: errors.New("connection refused")})
+	redisOOM := fmt.Errorf("claim x: %w", oomError{})
+	dialErr := &net.OpError{Op: "dial", Err: errors.New("connection refused")}
+	timeout := fmt.Errorf("round trip: %w", context.DeadlineExceeded)
+
+	rows := []struct {
+		situation string
+		got       answer
+		status    int
+		outcome   string
+		typ       string
+		retry     bool
+	}{
+		{"no key, key not required", h.keyAnswer(errNoKey, Policy{}, "POST"), 0, outcomeNoKey, "", false},
+		{"no key, key required", h.keyAnswer(errNoKey, required, "POST"), 400, outcomeInvalid, typeKeyMissing, false},
+		{"key invalid", h.keyAnswer(errors.New("key holds a comma"), Policy{}, "POST"), 400, outcomeInvalid, typeKeyInvalid, false},
+		{"body over MAX_BODY_BYTES", h.bodyAnswer(&http.MaxBytesError{Limit: 10}), 413, outcomeTooLarge, typeBodyTooLarge, false},
+		{"body not in time", h.bodyAnswer(errBodyTimeout), 408, outcomeInvalid, typeRequestTimeout, false},
+		{"body unreadable", h.bodyAnswer(errors.New("unexpected EOF")), 400, outcomeInvalid, typeBodyUnreadable, false},
+		{"upgrade not allowed", upgradeRefused("websocket"), 400, outcomeInvalid, typeUpgradeRefused, false},
+		{"first request", recordAnswer(201, Policy{}, false), 201, outcomeExecuted, "", false},
+		{"different fingerprint", h.claimAnswer(claim.ErrMismatch, nil, Policy{}), 422, outcomeMismatch, typeKeyReused, false},
+		{"another upstream", h.claimAnswer(claim.ErrOtherUpstream, nil, open), 422, outcomeMismatch, typeKeyReused, false},
+		{"first completed", notStoredAnswer(200), 200, outcomeReplayed, typeResponseNotStored, false},
+		{"first in flight", h.claimAnswer(claim.ErrInFlight, nil, Policy{}), 409, outcomeInFlight, typeRequestOutstanding, true},
+		{"client left while waiting", h.claimAnswer(context.Canceled, context.Canceled, Policy{}), 499, outcomeInFlight, "", false},
+		{"record unreadable, even failing open", h.claimAnswer(claim.ErrBadRecord, nil, open), 500, outcomeStoreError, typeRecordUnreadable, false},
+		{"Redis unreachable, fail closed", h.claimAnswer(redisDown, nil, Policy{}), 503, outcomeStoreError, typeStoreUnavailable, true},
+		{"Redis unreachable, fail open", h.claimAnswer(redisDown, nil, open), 0, outcomeFailOpen, "", false},
+		{"Redis refuses (OOM), fail open", h.claimAnswer(redisOOM, nil, open), 503, outcomeStoreError, typeStoreUnavailable, true},
+		{"upstream unreachable", upstreamAnswer(dialErr, true), 502, outcomeReleased, typeUpstreamUnreachable, false},
+		{"upstream 5xx, release", recordAnswer(503, Policy{}, false), 503, outcomeReleased, "", false},
+		{"upstream 5xx, store", recordAnswer(503, store5xx, false), 503, outcomeExecuted, "", false},
+		{"upstream timed out after sending", upstreamAnswer(timeout, false), 504, outcomeUpstreamError, typeUpstreamTimeout, false},
+		{"connection reset after sending", upstreamAnswer(errors.New("connection reset"), false), 502, outcomeUpstreamError, typeUpstreamFailed, false},
+		{"lock expired: takeover", recordAnswer(201, Policy{}, true), 201, outcomeTakeover, "", false},
+	}
+	for _, r := range rows {
+		if r.got.status != r.status || r.got.outcome != r.outcome || r.got.typ != r.typ || r.got.retryAfter != r.retry {
+			t.Errorf("%s: got status %d outcome %q type %q retry %v; want %d %q %q %v",
+				r.situation, r.got.status, r.got.outcome, r.got.typ, r.got.retryAfter, r.status, r.outcome, r.typ, r.retry)
+		}
+		if r.got.typ != "" && r.got.title == "" {
+			t.Errorf("%s: problem without a title", r.situation)
+		}
+	}
+}
+
+// oomError is an error reply of a Redis that answers but refuses, as
+// go-redis returns it (it implements redis.Error).
+type oomError struct{}
+
+func (oomError) Error() string { return "OOM command not allowed when used memory > 'maxmemory'." }
+func (oomError) RedisError()   {}
