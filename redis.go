@@ -50,58 +50,53 @@ type store struct {
 // /readyz and handled per FAIL_MODE, not by refusing to start.
 func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
 	redis.SetLogger(redisLogger{logger}) // go-redis's own lines as JSON, not plain text on stderr
-	var tlsCfg *tls.Config
-	if cfg.RedisTLS {
-		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
 	readTimeout := cfg.waitReadTimeout()
 	switch {
-	case cfg.RedisMode == "sentinel":
-		c := redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName:    cfg.RedisMasterName,
-			SentinelAddrs: cfg.RedisAddrs,
-			Username:      cfg.RedisUsername,
-			Password:      cfg.RedisPassword,
+	case cfg.RedisMode == "sentinel" || cfg.RedisMode == "cluster":
+		// One set of options for both modes, the way go-redis's own
+		// UniversalOptions derives each mode's.
+		u := &redis.UniversalOptions{
+			Addrs:      cfg.RedisAddrs,
+			MasterName: cfg.RedisMasterName,
+			Username:   cfg.RedisUsername,
+			Password:   cfg.RedisPassword,
 			// The sentinels' own credentials (requirepass or an ACL user
 			// on the sentinels), distinct from the data nodes'.
 			SentinelUsername: cfg.RedisSentinelUsername,
 			SentinelPassword: cfg.RedisSentinelPassword,
-			TLSConfig:        tlsCfg,
 			MaxRetries:       maxRetries,
 			DialerRetries:    dialerRetries,
 			ReadTimeout:      readTimeout,
-		})
-		return &store{client: c, close: func() { _ = c.Close() }}, nil
-	case cfg.RedisMode == "cluster":
-		c := redis.NewClusterClient(&redis.ClusterOptions{
-			// go-redis re-reads the slot map on MOVED/ASK, or when it is older
-			// than this (default 60s). A dead master sends no MOVED, so with
-			// the default a shard stays unreachable for a minute after the
-			// cluster has failed over in two seconds.
-			ClusterStateReloadInterval: time.Second,
-			Addrs:                      cfg.RedisAddrs,
-			Username:                   cfg.RedisUsername,
-			Password:                   cfg.RedisPassword,
-			TLSConfig:                  tlsCfg,
-			MaxRetries:                 maxRetries,
-			DialerRetries:              dialerRetries,
-			ReadTimeout:                readTimeout,
-		})
+		}
+		if cfg.RedisTLS {
+			u.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		if cfg.RedisMode == "sentinel" {
+			c := redis.NewFailoverClient(u.Failover())
+			return &store{client: c, close: func() { _ = c.Close() }}, nil
+		}
+		co := u.Cluster()
+		// go-redis re-reads the slot map on MOVED/ASK, or when it is older
+		// than this (default 60s). A dead master sends no MOVED, so with the
+		// default a shard stays unreachable for a minute after the cluster
+		// has failed over in two seconds.
+		co.ClusterStateReloadInterval = time.Second
+		c := redis.NewClusterClient(co)
 		return &store{client: c, close: func() { _ = c.Close() }}, nil
 	case cfg.RedisURL != "":
 		opt, err := redis.ParseURL(cfg.RedisURL)
 		if err != nil {
 			return nil, fmt.Errorf("REDIS_URL=%q: %w", redactURL(cfg.RedisURL), urlErrorReason(err))
 		}
-		// URL query parameters (max_retries=, dial_timeout=, pool_size=…) win.
+		// URL query parameters (max_retries=, dial_timeout=, pool_size=,
+		// read_timeout=) win; loadConfig refused a read_timeout= that WAIT
+		// cannot finish within.
 		if opt.MaxRetries == 0 {
 			opt.MaxRetries = maxRetries
 		}
 		if opt.DialerRetries == 0 {
 			opt.DialerRetries = dialerRetries
 		}
-		// An explicit read_timeout= is kept; loadConfig refused it if WAIT
-		// cannot finish within it.
 		if opt.ReadTimeout == 0 {
 			opt.ReadTimeout = readTimeout
 		}
