@@ -57,7 +57,7 @@ type Config struct {
 	Routes                 string        `env:"ROUTES"`
 	LogLevel               string        `env:"LOG_LEVEL" envDefault:"info"`
 	LogFormat              string        `env:"LOG_FORMAT" envDefault:"json"`
-	ShutdownTimeout        time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"45s"`
+	ShutdownTimeout        time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"60s"`
 
 	// Derived by loadConfig.
 	warnings []string // allowed but risky settings, for the log and /readyz
@@ -329,11 +329,11 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 		bad("UPSTREAM_TIMEOUT=%q must be below LOCK_TTL=%q: otherwise a request still running could lose its claim and execute twice",
 			value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()), value("LOCK_TTL", c.LockTTL.String()))
 	}
-	if c.UpstreamTimeout > 0 && c.ShutdownTimeout > 0 && c.ShutdownTimeout < c.UpstreamTimeout+recordBudget {
-		bad("SHUTDOWN_TIMEOUT=%q must be at least UPSTREAM_TIMEOUT=%q + %v: on SIGTERM a request in flight may wait UPSTREAM_TIMEOUT for its answer and then up to %v to record it; "+
+	if need := c.RequestReadTimeout + c.UpstreamTimeout + recordBudget; c.UpstreamTimeout > 0 && c.RequestReadTimeout > 0 && c.ShutdownTimeout > 0 && c.ShutdownTimeout < need {
+		bad("SHUTDOWN_TIMEOUT=%q must be at least REQUEST_READ_TIMEOUT=%q + UPSTREAM_TIMEOUT=%q + %v: on SIGTERM a keyed request in flight may still be receiving its body, then wait UPSTREAM_TIMEOUT for its answer and up to %v to record it; "+
 			"a shorter SHUTDOWN_TIMEOUT exits with its claim in flight, and the client's retry executes again after LOCK_TTL. Raise SHUTDOWN_TIMEOUT to %v or more (and the pod's termination grace period above it)",
-			value("SHUTDOWN_TIMEOUT", c.ShutdownTimeout.String()), value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()),
-			recordBudget, recordBudget, c.UpstreamTimeout+recordBudget)
+			value("SHUTDOWN_TIMEOUT", c.ShutdownTimeout.String()), value("REQUEST_READ_TIMEOUT", c.RequestReadTimeout.String()),
+			value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()), recordBudget, recordBudget, need)
 	}
 	if c.TTL > 0 && c.LockTTL > 0 && c.TTL < c.LockTTL {
 		bad("TTL=%q must not be below LOCK_TTL=%q: a completed answer would be forgotten before an in-flight claim of the same key expires",

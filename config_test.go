@@ -41,7 +41,7 @@ func TestTTLNotBelowLock(t *testing.T) {
 		env  []string
 		want []string
 	}{
-		{"global", []string{up, "TTL=30s", "LOCK_TTL=60s", "SHUTDOWN_TIMEOUT=45s"}, []string{`TTL="30s"`, `LOCK_TTL="60s"`}},
+		{"global", []string{up, "TTL=30s", "LOCK_TTL=60s", "SHUTDOWN_TIMEOUT=60s"}, []string{`TTL="30s"`, `LOCK_TTL="60s"`}},
 		{"route ttl below global lock", []string{up, "ROUTES=POST /a ttl=30s"}, []string{`ROUTES rule "POST /a ttl=30s"`, "ttl=30s", "LOCK_TTL=1m0s"}},
 		{"route ttl below route lock", []string{up, "ROUTES=POST /a ttl=1m lock=2m"}, []string{`ROUTES rule "POST /a ttl=1m lock=2m"`, "ttl=1m0s", "lock=2m0s"}},
 		{"route lock above global TTL", []string{up, "TTL=90s", "ROUTES=POST /a lock=2m"}, []string{`ROUTES rule "POST /a lock=2m"`, "TTL=90s", "lock=2m0s"}},

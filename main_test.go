@@ -228,7 +228,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		{"LOG_LEVEL", cfg.LogLevel, "info"},
 		{"LOG_LEVEL parsed", cfg.level, zerolog.InfoLevel},
 		{"LOG_FORMAT", cfg.LogFormat, "json"},
-		{"SHUTDOWN_TIMEOUT", cfg.ShutdownTimeout, 45 * time.Second},
+		{"SHUTDOWN_TIMEOUT", cfg.ShutdownTimeout, 60 * time.Second},
 		{"UPSTREAM_URL parsed", cfg.upstream.String(), "http://127.0.0.1:9000"},
 	}
 	for _, tt := range tests {

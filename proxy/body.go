@@ -109,9 +109,12 @@ type idleBody struct {
 	rc       *http.ResponseController
 	timeout  time.Duration
 	timedOut atomic.Bool
+	wd       *watchdog
 }
 
 func (b *idleBody) Read(p []byte) (int, error) {
+	b.wd.pause()
+	defer b.wd.resume()
 	_ = b.rc.SetReadDeadline(time.Now().Add(b.timeout))
 	n, err := b.ReadCloser.Read(p)
 	switch {

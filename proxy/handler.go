@@ -122,11 +122,12 @@ func New(store Store, opts Options) (*Handler, error) {
 	pool := NewBufferPool()
 	errLog := log.New(opts.Logger, "", 0)
 	h.plain = &httputil.ReverseProxy{
-		Rewrite:      h.rewrite,
-		Transport:    opts.Transport,
-		BufferPool:   pool,
-		ErrorHandler: h.plainError,
-		ErrorLog:     errLog,
+		Rewrite:        h.rewrite,
+		Transport:      opts.Transport,
+		BufferPool:     pool,
+		ModifyResponse: plainResponse,
+		ErrorHandler:   h.plainError,
+		ErrorLog:       errLog,
 	}
 	h.keyed = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -211,18 +212,22 @@ type result struct {
 	status     int
 	keyHash    string
 	upstreamMS float64
-	// deadline is set when a write deadline was put on the connection: the
-	// answer is flushed under it and it is then lifted, after the access log
-	// and the metrics, so that the next request on the connection does not
-	// inherit it.
-	deadline *http.ResponseController
+	// rc puts the write deadlines on the client connection: every answer is
+	// written under one, the final flush (after the handler returns)
+	// included; net/http lifts it once the answer is out.
+	rc       *http.ResponseController
+	hijacked bool // a protocol switch took the connection over: no deadlines
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	h.metrics.inflight.Inc()
-	res := result{route: "default", upstreamMS: -1}
+	res := result{route: "default", upstreamMS: -1, rc: http.NewResponseController(w)}
 	defer h.finish(r, &res, start)
+	// Every answer, the proxy's own problems included, is written under a
+	// deadline: a client that never reads (or pipelines and never reads)
+	// must not hold a connection. Stages that stream extend it per write.
+	_ = res.rc.SetWriteDeadline(start.Add(h.opts.UpstreamTimeout))
 
 	pol := h.opts.Default
 	pol.Covered = h.methods[r.Method]
@@ -304,8 +309,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// finish writes the access log line and the metrics of one request, then
-// lifts the write deadline a stage may have put on the connection.
+// finish writes the access log line and the metrics of one request, and
+// gives the final flush of the answer a deadline of its own.
 func (h *Handler) finish(r *http.Request, res *result, start time.Time) {
 	h.metrics.inflight.Dec()
 	h.metrics.count(h.metrics.requests, "requests", res.route, res.outcome)
@@ -322,9 +327,8 @@ func (h *Handler) finish(r *http.Request, res *result, start time.Time) {
 		ev = ev.Float64("upstream_ms", res.upstreamMS)
 	}
 	ev.Float64("total_ms", float64(time.Since(start).Microseconds())/1000).Msg("request")
-	if res.deadline != nil {
-		_ = res.deadline.Flush()
-		_ = res.deadline.SetWriteDeadline(time.Time{})
+	if !res.hijacked {
+		_ = res.rc.SetWriteDeadline(time.Now().Add(h.opts.UpstreamTimeout))
 	}
 }
 
@@ -408,8 +412,8 @@ func (h *Handler) scope(r *http.Request, buf []string) []string {
 	return vals
 }
 
-// replay writes a recorded answer, within UPSTREAM_TIMEOUT: a client that
-// never reads must not hold the handler.
+// replay writes a recorded answer (under the write deadline ServeHTTP set:
+// a client that never reads must not hold the handler).
 func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record, res *result) {
 	hdr := w.Header()
 	hdr["Idempotent-Replayed"] = replayedTrue
@@ -427,9 +431,6 @@ func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record, res *result) 
 		for name := range rec.Trailer {
 			hdr.Add("Trailer", name)
 		}
-	}
-	if rc := http.NewResponseController(w); rc.SetWriteDeadline(time.Now().Add(h.opts.UpstreamTimeout)) == nil {
-		res.deadline = rc
 	}
 	w.WriteHeader(rec.Status)
 	_, _ = w.Write(rec.Body) // a failed write means the client left; it can retry

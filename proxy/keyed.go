@@ -164,11 +164,9 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	// copy until UPSTREAM_TIMEOUT cuts it: past this deadline its writes fail,
 	// are dropped, and the answer is still read in full and recorded, with
 	// the other half of UPSTREAM_TIMEOUT left for that.
-	rc := http.NewResponseController(w)
 	upDeadline := start.Add(h.opts.UpstreamTimeout)
-	ex.onHeaders = func() { _ = rc.SetWriteDeadline(time.Now().Add(time.Until(upDeadline) / 2)) }
+	ex.onHeaders = func() { _ = res.rc.SetWriteDeadline(time.Now().Add(time.Until(upDeadline) / 2)) }
 	aborted := h.forward(ex, out)
-	_ = rc.SetWriteDeadline(time.Time{})
 	lg := hlog.FromRequest(r)
 	switch {
 	case !ex.headersAt.IsZero():

@@ -1,10 +1,13 @@
 package proxy
 
 import (
+	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog/hlog"
@@ -12,14 +15,20 @@ import (
 
 // passthrough forwards without any idempotency handling, streaming the body
 // both ways. A request body must keep arriving (REQUEST_READ_TIMEOUT between
-// reads) and the client must keep reading the answer (UPSTREAM_TIMEOUT per
-// write); a stream that flows is never cut.
+// reads), the upstream must take it and answer (UPSTREAM_TIMEOUT without
+// progress, see watchdog), and the client must keep reading the answer
+// (UPSTREAM_TIMEOUT per write); a stream that flows is never cut.
 func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *result, outcome string) {
 	res.outcome = outcome
-	rc := http.NewResponseController(w)
-	sw := &statusWriter{ResponseWriter: w, keep: proxyHeaders(w.Header(), h.opts.KeyHeader), rc: rc, writeTimeout: h.opts.UpstreamTimeout}
+	sw := &statusWriter{ResponseWriter: w, keep: proxyHeaders(w.Header(), h.opts.KeyHeader), rc: res.rc, res: res,
+		writeTimeout: h.opts.UpstreamTimeout}
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	wd := &watchdog{timer: time.AfterFunc(h.opts.UpstreamTimeout, func() { cancel(errUpstreamStalled) }), d: h.opts.UpstreamTimeout}
+	defer wd.stop()
+	r = r.WithContext(context.WithValue(ctx, watchdogKey{}, wd))
 	if r.Body != nil && r.Body != http.NoBody {
-		sw.body = &idleBody{ReadCloser: r.Body, rc: rc, timeout: h.opts.RequestReadTimeout}
+		sw.body = &idleBody{ReadCloser: r.Body, rc: res.rc, timeout: h.opts.RequestReadTimeout, wd: wd}
 		r.Body = sw.body
 	}
 	defer func() { // also when ReverseProxy aborts (panics) mid-body
@@ -27,15 +36,53 @@ func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *resul
 		if res.status == 0 {
 			res.status = http.StatusBadGateway
 		}
-		if sw.deadlines {
-			_ = rc.SetWriteDeadline(time.Now().Add(h.opts.UpstreamTimeout))
-			res.deadline = rc
-		}
-		if sw.body != nil {
-			_ = rc.SetReadDeadline(time.Time{})
+		if sw.body != nil && !res.hijacked {
+			_ = res.rc.SetReadDeadline(time.Time{})
 		}
 	}()
 	h.plain.ServeHTTP(sw, r)
+}
+
+// errUpstreamStalled: the upstream neither took the request body nor
+// answered for UPSTREAM_TIMEOUT.
+// It is a deadline: the answer is 504, as for any upstream timeout.
+var errUpstreamStalled = fmt.Errorf("upstream took neither the request body nor answered within UPSTREAM_TIMEOUT: %w", context.DeadlineExceeded)
+
+type watchdogKey struct{}
+
+// watchdog cancels a pass-through forward whose upstream makes no progress:
+// it runs while the Transport is not reading the request body (it is
+// writing to an upstream that does not read, or waiting for the answer)
+// and stops when the answer's headers arrive. Transport's
+// ResponseHeaderTimeout alone starts only once the whole body was written.
+type watchdog struct {
+	timer *time.Timer
+	d     time.Duration
+	done  atomic.Bool
+}
+
+// pause is called while the body is read from the client: a slow client is
+// REQUEST_READ_TIMEOUT's business, not the upstream's.
+func (wd *watchdog) pause() { wd.timer.Stop() }
+
+func (wd *watchdog) resume() {
+	if !wd.done.Load() {
+		wd.timer.Reset(wd.d)
+	}
+}
+
+func (wd *watchdog) stop() {
+	wd.done.Store(true)
+	wd.timer.Stop()
+}
+
+// plainResponse is the plain path's ModifyResponse: the answer arrived
+// (101 included), the upstream is alive.
+func plainResponse(res *http.Response) error {
+	if wd, ok := res.Request.Context().Value(watchdogKey{}).(*watchdog); ok {
+		wd.stop()
+	}
+	return nil
 }
 
 // proxyHeaders are the headers the proxy itself set on the answer before
@@ -60,15 +107,14 @@ func (s savedHeaders) restore(h http.Header) {
 }
 
 // statusWriter remembers the status for the access log and puts a write
-// deadline on each write; Unwrap lets ReverseProxy flush and hijack
-// (protocol upgrades) through it.
+// deadline on each write; Unwrap lets ReverseProxy flush through it.
 type statusWriter struct {
 	http.ResponseWriter
 	status       int
 	keep         savedHeaders
 	rc           *http.ResponseController
+	res          *result
 	writeTimeout time.Duration
-	deadlines    bool      // a write deadline was set
 	body         *idleBody // the request body, when there is one
 }
 
@@ -84,8 +130,22 @@ func (s *statusWriter) Write(p []byte) (int, error) {
 	if s.status == 0 {
 		s.status = http.StatusOK
 	}
-	s.deadlines = s.rc.SetWriteDeadline(time.Now().Add(s.writeTimeout)) == nil || s.deadlines
+	_ = s.rc.SetWriteDeadline(time.Now().Add(s.writeTimeout))
 	return s.ResponseWriter.Write(p)
+}
+
+// Hijack is how ReverseProxy takes the connection over for a protocol
+// switch (101): a tunnel has no deadlines (it lives as long as both ends
+// keep it), and its status is 101, not the 502 of "no answer".
+func (s *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	_ = s.rc.SetWriteDeadline(time.Time{})
+	_ = s.rc.SetReadDeadline(time.Time{})
+	conn, brw, err := s.rc.Hijack()
+	if err == nil {
+		s.status = http.StatusSwitchingProtocols
+		s.res.hijacked = true
+	}
+	return conn, brw, err
 }
 
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
@@ -96,6 +156,9 @@ func (h *Handler) plainError(w http.ResponseWriter, r *http.Request, err error) 
 		hlog.FromRequest(r).Warn().Err(err).Msg("request body stalled; forward abandoned")
 		h.bodyTimeout(fmt.Sprintf("The request body stopped arriving for %v.", h.opts.RequestReadTimeout)).write(w, &result{})
 		return
+	}
+	if errors.Is(context.Cause(r.Context()), errUpstreamStalled) {
+		err = errUpstreamStalled // a timeout, not the "canceled" the Transport saw
 	}
 	a := upstreamAnswer(err, isDialError(err))
 	hlog.FromRequest(r).Warn().Err(err).Int("status", a.status).Msg("upstream request failed")

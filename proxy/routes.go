@@ -22,7 +22,7 @@ type Policy struct {
 	Wait     time.Duration // how long a duplicate waits for the first (0: 409 at once)
 	FailOpen bool          // Redis unreachable: forward without guarantee
 	Store5xx bool          // record 5xx answers instead of releasing the key
-	Upgrade  bool          // rule says "upgrade": protocol switches (WebSocket) are tunnelled
+	Upgrade  bool          // rule says "upgrade" (implies off): protocol switches (WebSocket) are tunnelled
 }
 
 // Route is one parsed ROUTES rule. Nil option fields inherit the global
@@ -171,8 +171,13 @@ func parseRule(rule string) (Route, error) {
 			return Route{}, fmt.Errorf("unknown option %q (want ttl=, lock=, wait=, required, off, upgrade, fail=, on5xx=)", opt)
 		}
 	}
-	if rt.Off && len(f) > 3+btoi(rt.Upgrade) {
-		return Route{}, fmt.Errorf("option off cannot be combined with options other than upgrade")
+	// A tunnel carries requests past keys and every other option, so a
+	// route that allows one is not enforced at all: upgrade implies off.
+	if rt.Upgrade {
+		rt.Off = true
+	}
+	if rt.Off && len(f) > 2+btoi(seen["off"])+btoi(rt.Upgrade) {
+		return Route{}, fmt.Errorf("options off and upgrade cannot be combined with other options (a route that allows protocol upgrades is a plain pass-through)")
 	}
 	return rt, nil
 }

@@ -36,6 +36,12 @@ func echoUpgrade(w http.ResponseWriter, r *http.Request) {
 // status, and the tunnel's echo when it switched.
 func upgradeOver(t *testing.T, e *env, method, path, protocol string) (int, string) {
 	t.Helper()
+	return upgradeOverAfter(t, e, method, path, protocol, 0)
+}
+
+// upgradeOverAfter waits idle before using the tunnel.
+func upgradeOverAfter(t *testing.T, e *env, method, path, protocol string, idle time.Duration) (int, string) {
+	t.Helper()
 	c := dialProxy(t, e)
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
@@ -49,6 +55,7 @@ func upgradeOver(t *testing.T, e *env, method, path, protocol string) (int, stri
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
+	time.Sleep(idle) // an idle tunnel, not a race: nothing else runs meanwhile
 	fmt.Fprintf(c, "GET /inside HTTP/1.1\n")
 	line, _ := br.ReadString('\n')
 	return resp.StatusCode, line
@@ -89,6 +96,11 @@ func TestUpgradeRefusedUnlessRouteAllows(t *testing.T) {
 	status, _ = upgradeOver(t, e, http.MethodPost, "/ws/off", "websocket")
 	if status != http.StatusSwitchingProtocols {
 		t.Errorf("off upgrade route: %d, want 101", status)
+	}
+	// A tunnel has no deadlines: idle for twice UPSTREAM_TIMEOUT, it still works.
+	status, body = upgradeOverAfter(t, e, http.MethodGet, "/ws", "websocket", 2*e.opts.UpstreamTimeout)
+	if status != http.StatusSwitchingProtocols || body != "echo GET /inside HTTP/1.1\n" {
+		t.Errorf("idle tunnel: %d %q, want the echo after %v idle", status, body, 2*e.opts.UpstreamTimeout)
 	}
 }
 

@@ -174,10 +174,10 @@ The ROUTES string built from config.routes: rules joined by ";", each
 {{- $parts := list $method $r.pattern }}
 {{- /* YAML 1.1 (which Helm's parser follows) reads a bare `off:` key as false: accept both spellings. */}}
 {{- $off := or (index $r "off") (index $r "false") }}
-{{- if $off }}
+{{- if or $off $r.upgrade }}
 {{- range $opt := list "ttl" "lock" "required" "fail" "wait" "on5xx" }}
 {{- if index $r $opt }}
-{{- fail (printf "%s (%s): off means plain pass-through, so %s would be ignored; remove it" $where $id $opt) }}
+{{- fail (printf "%s (%s): off means plain pass-through (and upgrade implies off), so %s would be ignored; remove it" $where $id $opt) }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -265,8 +265,9 @@ Render-time checks. Each fails with a message that names the value to change.
 {{- fail (printf "config.upstreamTimeout (UPSTREAM_TIMEOUT=%s) must be below config.lockTTL (LOCK_TTL=%s): a claim must outlive the upstream call it guards" $c.upstreamTimeout $c.lockTTL) }}
 {{- end }}
 {{- $shutdown := include "idemproxy.durationSeconds" (dict "name" "config.shutdownTimeout (SHUTDOWN_TIMEOUT)" "value" $c.shutdownTimeout) | float64 }}
-{{- if lt $shutdown (addf $upstream 10.0) }}
-{{- fail (printf "config.shutdownTimeout (SHUTDOWN_TIMEOUT=%s) must be at least config.upstreamTimeout (UPSTREAM_TIMEOUT=%s) + 10s: on SIGTERM a request in flight may wait UPSTREAM_TIMEOUT for its answer and then up to 10s to record it; a shorter shutdown leaves its claim in flight and the retry executes again after LOCK_TTL (the proxy refuses to start with it)" $c.shutdownTimeout $c.upstreamTimeout) }}
+{{- $read := include "idemproxy.durationSeconds" (dict "name" "config.requestReadTimeout (REQUEST_READ_TIMEOUT)" "value" $c.requestReadTimeout) | float64 }}
+{{- if lt $shutdown (addf $read $upstream 10.0) }}
+{{- fail (printf "config.shutdownTimeout (SHUTDOWN_TIMEOUT=%s) must be at least config.requestReadTimeout (REQUEST_READ_TIMEOUT=%s) + config.upstreamTimeout (UPSTREAM_TIMEOUT=%s) + 10s: on SIGTERM a keyed request in flight may still be receiving its body, then wait UPSTREAM_TIMEOUT for its answer and up to 10s to record it; a shorter shutdown leaves its claim in flight and the retry executes again after LOCK_TTL (the proxy refuses to start with it)" $c.shutdownTimeout $c.requestReadTimeout $c.upstreamTimeout) }}
 {{- end }}
 {{- range $i, $r := $c.routes }}
 {{- if $r.lock }}
