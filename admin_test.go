@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testutil"
 )
 
 // TestReadyzHidesRedisAddress: with Redis down, /readyz is 503 with a
@@ -57,7 +58,7 @@ func TestReadyzCachedAndLogRateLimited(t *testing.T) {
 	clock := time.Unix(1_700_000_000, 0)
 	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
 	advance := func(d time.Duration) { mu.Lock(); clock = clock.Add(d); mu.Unlock() }
-	logs := &syncBuffer{}
+	logs := &testutil.SyncBuffer{}
 	rd := &readiness{
 		store:  &store{embedded: new(miniredis.Miniredis)},
 		logger: zerolog.New(logs),
@@ -132,5 +133,41 @@ func TestReadyzCachedAndLogRateLimited(t *testing.T) {
 	readyz()
 	if got := logged(); got != 3 {
 		t.Errorf("a new outage right after recovery: logged %d times in all, want 3", got)
+	}
+}
+
+func TestAdminAddrSetButEmptyDisablesAdmin(t *testing.T) {
+	tests := []struct {
+		name      string
+		env       []string
+		wantAddr  string
+		wantAdmin bool
+	}{
+		{"unset", []string{"ADMIN_ADDR_UNRELATED=1"}, ":9090", true},
+		{"set but empty", []string{"ADMIN_ADDR="}, "", false},
+		{"blank", []string{"ADMIN_ADDR=  "}, "", false},
+		{"loopback", []string{"ADMIN_ADDR=127.0.0.1:0"}, "127.0.0.1:0", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := append([]string{"UPSTREAM_URL=http://127.0.0.1:9000", "LISTEN_ADDR=127.0.0.1:0"}, tt.env...)
+			cfg, err := loadConfig(env)
+			if err != nil {
+				t.Fatalf("loadConfig: %v", err)
+			}
+			if got := cfg.AdminAddr; got != tt.wantAddr {
+				t.Errorf("AdminAddr: got %q, want %q", got, tt.wantAddr)
+			}
+			if tt.wantAddr == ":9090" {
+				return // do not bind a fixed port in a test
+			}
+			a := startApp(t, cfg)
+			if got := a.adminAddr != nil; got != tt.wantAdmin {
+				t.Errorf("admin listener: got %v (%v), want %v", got, a.adminAddr, tt.wantAdmin)
+			}
+			if a.proxyAddr == nil {
+				t.Errorf("proxyAddr: got nil, want a bound address")
+			}
+		})
 	}
 }

@@ -2,9 +2,12 @@ package main
 
 import (
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // TestRedisAddrsTrimmed: "a:26379, b:26379" is two seeds. Before the fix the
@@ -143,5 +146,258 @@ func TestRequestReadTimeout(t *testing.T) {
 		if _, err := loadConfig([]string{up, "REQUEST_READ_TIMEOUT=" + v}); err == nil || !strings.Contains(err.Error(), `REQUEST_READ_TIMEOUT="`+v+`"`) {
 			t.Errorf("REQUEST_READ_TIMEOUT=%s: error %v, want one naming it", v, err)
 		}
+	}
+}
+
+// goFieldNames returns a pattern per exported Config field whose name differs
+// from its variable: an operator must never see "LockTTL" in a message.
+func goFieldNames(t *testing.T) map[string]*regexp.Regexp {
+	t.Helper()
+	out := map[string]*regexp.Regexp{}
+	typ := reflect.TypeFor[Config]()
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		if name == f.Name {
+			continue // TTL: the field and the variable share the name
+		}
+		out[f.Name] = regexp.MustCompile(`\b` + regexp.QuoteMeta(f.Name) + `\b`)
+	}
+	return out
+}
+
+func TestLoadConfigErrors(t *testing.T) {
+	const up = "UPSTREAM_URL=http://127.0.0.1:9000"
+	tests := []struct {
+		name    string
+		env     []string
+		want    []string // substrings of the error
+		notWant []string // substrings that must not appear
+	}{
+		{
+			name: "malformed duration", env: []string{up, "LOCK_TTL=abc"},
+			want: []string{`LOCK_TTL="abc"`},
+			// A value the operator never wrote must not be quoted back.
+			notWant: []string{`LOCK_TTL="0s"`},
+		},
+		{name: "negative duration", env: []string{up, "TTL=-1h"}, want: []string{`TTL="-1h`}},
+		{name: "zero duration", env: []string{up, "SHUTDOWN_TIMEOUT=0s"}, want: []string{`SHUTDOWN_TIMEOUT="0s"`}},
+		{name: "negative wait", env: []string{up, "WAIT_TIMEOUT=-1s"}, want: []string{`WAIT_TIMEOUT="-1s"`}},
+		{
+			name: "malformed int", env: []string{up, "MAX_KEY_LENGTH=x"},
+			want:    []string{`MAX_KEY_LENGTH="x"`},
+			notWant: []string{`MAX_KEY_LENGTH="0"`},
+		},
+		{name: "malformed int64", env: []string{up, "MAX_BODY_BYTES=1e3"}, want: []string{`MAX_BODY_BYTES="1e3"`}},
+		{name: "malformed bool", env: []string{up, "REQUIRE_KEY=maybe"}, want: []string{`REQUIRE_KEY="maybe"`}},
+		{name: "FAIL_MODE enum", env: []string{up, "FAIL_MODE=sideways"}, want: []string{`FAIL_MODE="sideways"`}},
+		{name: "ON_5XX enum", env: []string{up, "ON_5XX=retry"}, want: []string{`ON_5XX="retry"`}},
+		{name: "REDIS_MODE enum", env: []string{up, "REDIS_MODE=replica"}, want: []string{`REDIS_MODE="replica"`}},
+		{name: "LOG_FORMAT enum", env: []string{up, "LOG_FORMAT=xml"}, want: []string{`LOG_FORMAT="xml"`}},
+		{name: "LOG_LEVEL enum", env: []string{up, "LOG_LEVEL=loud"}, want: []string{`LOG_LEVEL="loud"`}},
+		{name: "UPSTREAM_URL missing", env: []string{"LISTEN_ADDR=127.0.0.1:0"}, want: []string{"UPSTREAM_URL"}},
+		{name: "UPSTREAM_URL empty", env: []string{"UPSTREAM_URL="}, want: []string{"UPSTREAM_URL"}},
+		{name: "UPSTREAM_URL scheme", env: []string{"UPSTREAM_URL=ftp://127.0.0.1:21"}, want: []string{`UPSTREAM_URL="ftp://127.0.0.1:21"`, "scheme"}},
+		{name: "UPSTREAM_URL no host", env: []string{"UPSTREAM_URL=http://"}, want: []string{`UPSTREAM_URL="http://"`}},
+		{
+			name: "UPSTREAM_TIMEOUT not below LOCK_TTL", env: []string{up, "UPSTREAM_TIMEOUT=45s", "LOCK_TTL=30s"},
+			want: []string{`UPSTREAM_TIMEOUT="45s"`, `LOCK_TTL="30s"`},
+		},
+		{
+			name: "UPSTREAM_TIMEOUT equal to LOCK_TTL", env: []string{up, "UPSTREAM_TIMEOUT=30s", "LOCK_TTL=30s"},
+			want: []string{`UPSTREAM_TIMEOUT="30s"`, `LOCK_TTL="30s"`},
+		},
+		{
+			name: "route lock below UPSTREAM_TIMEOUT", env: []string{up, "ROUTES=POST /v1/payments/* lock=10s"},
+			want: []string{`ROUTES rule "POST /v1/payments/* lock=10s"`, "UPSTREAM_TIMEOUT"},
+		},
+		{
+			name: "SHUTDOWN_TIMEOUT cannot cover UPSTREAM_TIMEOUT and recording", env: []string{up, "SHUTDOWN_TIMEOUT=30s", "UPSTREAM_TIMEOUT=30s"},
+			want: []string{`SHUTDOWN_TIMEOUT="30s"`, `UPSTREAM_TIMEOUT="30s"`, "record", "40s"},
+		},
+		{
+			name: "SHUTDOWN_TIMEOUT below the default UPSTREAM_TIMEOUT and recording", env: []string{up, "SHUTDOWN_TIMEOUT=39s"},
+			want: []string{`SHUTDOWN_TIMEOUT="39s"`, `UPSTREAM_TIMEOUT="30s"`},
+		},
+		{name: "route unknown option", env: []string{up, "ROUTES=POST /v1/orders bogus"}, want: []string{`ROUTES rule "POST /v1/orders bogus"`}},
+		{name: "route lower-case method", env: []string{up, "ROUTES=post /v1/orders"}, want: []string{`ROUTES rule "post /v1/orders"`}},
+		{name: "route without pattern", env: []string{up, "ROUTES=POST"}, want: []string{`ROUTES rule "POST"`}},
+		{name: "route pattern without slash", env: []string{up, "ROUTES=POST v1/orders"}, want: []string{`ROUTES rule "POST v1/orders"`}},
+		{name: "route bad duration", env: []string{up, "ROUTES=POST /v1/orders ttl=soon"}, want: []string{`ROUTES rule "POST /v1/orders ttl=soon"`}},
+		{name: "route bad fail", env: []string{up, "ROUTES=POST /v1/orders fail=maybe"}, want: []string{`ROUTES rule "POST /v1/orders fail=maybe"`}},
+		{
+			name: "route bad rule among good ones",
+			env:  []string{up, "ROUTES=POST /v1/orders ttl=1h; POST /v1/webhooks/* off ttl=1h"},
+			want: []string{`ROUTES rule "POST /v1/webhooks/* off ttl=1h"`},
+		},
+		{name: "sentinel without REDIS_ADDRS", env: []string{up, "REDIS_MODE=sentinel"}, want: []string{"REDIS_ADDRS", "sentinel"}},
+		{name: "cluster without REDIS_ADDRS", env: []string{up, "REDIS_MODE=cluster"}, want: []string{"REDIS_ADDRS", "cluster"}},
+		{name: "REDIS_ADDRS in standalone", env: []string{up, "REDIS_ADDRS=127.0.0.1:7000"}, want: []string{`REDIS_ADDRS="127.0.0.1:7000"`, "standalone"}},
+		{
+			name: "several problems at once",
+			env:  []string{"LOCK_TTL=abc", "REQUIRE_KEY=maybe", "FAIL_MODE=sideways", "ROUTES=POST /v1/orders bogus", "REDIS_MODE=cluster"},
+			want: []string{"UPSTREAM_URL", `LOCK_TTL="abc"`, `REQUIRE_KEY="maybe"`, `FAIL_MODE="sideways"`,
+				`ROUTES rule "POST /v1/orders bogus"`, "REDIS_ADDRS"},
+		},
+	}
+	fields := goFieldNames(t)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := loadConfig(tt.env)
+			if err == nil {
+				t.Fatalf("loadConfig(%q) = %+v, nil; want an error", tt.env, cfg)
+			}
+			msg := err.Error()
+			for _, w := range tt.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error does not contain %s:\ngot %v", w, msg)
+				}
+			}
+			for _, nw := range tt.notWant {
+				if strings.Contains(msg, nw) {
+					t.Errorf("error contains %s, a value not in the environment %q:\ngot %v", nw, tt.env, msg)
+				}
+			}
+			for name, re := range fields {
+				if re.MatchString(msg) {
+					t.Errorf("error names the Go field %s instead of its variable:\ngot %v", name, msg)
+				}
+			}
+		})
+	}
+}
+
+func TestLoadConfigNeverShowsRedisPassword(t *testing.T) {
+	const up = "UPSTREAM_URL=http://127.0.0.1:9000"
+	const secret = "s3cretPW"
+	tests := []struct {
+		name string
+		env  []string
+	}{
+		{"bad database", []string{up, "REDIS_URL=redis://user:" + secret + "@127.0.0.1:6379/abc"}},
+		{"unknown option", []string{up, "REDIS_URL=redis://:" + secret + "@127.0.0.1:6379/0?bogus=1"}},
+		{"bad scheme", []string{up, "REDIS_URL=http://user:" + secret + "@127.0.0.1:6379/0"}},
+		{"unparseable port", []string{up, "REDIS_URL=redis://:" + secret + "@127.0.0.1:bad/0"}},
+		{"bad escape", []string{up, "REDIS_URL=redis://user:" + secret + "%zz@127.0.0.1:6379/0"}},
+		{"URL in sentinel mode", []string{up, "REDIS_MODE=sentinel", "REDIS_ADDRS=127.0.0.1:26379", "REDIS_URL=redis://user:" + secret + "@127.0.0.1:6379/0"}},
+		{"unparseable URL in cluster mode", []string{up, "REDIS_MODE=cluster", "REDIS_ADDRS=127.0.0.1:7000", "REDIS_URL=redis://:" + secret + "@127.0.0.1:bad/0"}},
+		{"slash in password", []string{up, "REDIS_URL=redis://default:8842/" + secret + "@redis:6379/0"}},
+		{"slash in password, port-like", []string{up, "REDIS_URL=redis://default:s3cr/etPW" + secret + "@redis:6379/0"}},
+		{"hash in password", []string{up, "REDIS_URL=redis://default:ab#" + secret + "@redis:6379/0"}},
+		{"question mark in password", []string{up, "REDIS_URL=redis://default:ab?" + secret + "@redis:6379/0"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := loadConfig(tt.env)
+			if err == nil {
+				t.Fatalf("loadConfig(%q) = nil error; want one naming REDIS_URL", tt.env)
+			}
+			if got := err.Error(); strings.Contains(got, secret) {
+				t.Errorf("error shows the Redis password:\ngot %v", got)
+			}
+			if got := err.Error(); !strings.Contains(got, "REDIS_URL") {
+				t.Errorf("error does not name REDIS_URL:\ngot %v", got)
+			}
+		})
+	}
+}
+
+func TestLoadConfigNeverShowsUpstreamPassword(t *testing.T) {
+	const secret = "s3cretPW"
+	for _, v := range []string{
+		"http://user:" + secret + "@[bad/x",
+		"ftp://user:" + secret + "@legacy:80",
+		"http://user:ab/" + secret + "@legacy:80",
+	} {
+		_, err := loadConfig([]string{"UPSTREAM_URL=" + v})
+		if err == nil {
+			t.Errorf("UPSTREAM_URL=%q accepted", v)
+			continue
+		}
+		if strings.Contains(err.Error(), secret) || !strings.Contains(err.Error(), "UPSTREAM_URL") {
+			t.Errorf("UPSTREAM_URL=%q: error %q shows the password or does not name the variable", v, err)
+		}
+	}
+}
+
+func TestLoadConfigDefaults(t *testing.T) {
+	cfg, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9000"})
+	if err != nil {
+		t.Fatalf("loadConfig: %v", err)
+	}
+	tests := []struct {
+		name string
+		got  any
+		want any
+	}{
+		{"LISTEN_ADDR", cfg.ListenAddr, ":8080"},
+		{"ADMIN_ADDR", cfg.AdminAddr, ":9090"},
+		{"REDIS_URL", cfg.RedisURL, ""},
+		{"REDIS_MODE", cfg.RedisMode, "standalone"},
+		{"REDIS_ADDRS", len(cfg.RedisAddrs), 0},
+		{"REDIS_MASTER_NAME", cfg.RedisMasterName, "mymaster"},
+		{"REDIS_USERNAME", cfg.RedisUsername, ""},
+		{"REDIS_PASSWORD", cfg.RedisPassword, ""},
+		{"REDIS_TLS", cfg.RedisTLS, false},
+		{"REDIS_WAIT_REPLICAS", cfg.RedisWaitReplicas, 0},
+		{"REDIS_WAIT_TIMEOUT", cfg.RedisWaitTimeout, time.Second},
+		{"REDIS_AUTOPIPELINE", cfg.RedisAutoPipeline, true},
+		{"REPLAY_CACHE_BYTES", cfg.ReplayCacheBytes, 16 << 20},
+		{"KEY_PREFIX", cfg.KeyPrefix, "idem:"},
+		{"IDEMPOTENCY_HEADER", cfg.IdempotencyHeader, "Idempotency-Key"},
+		{"METHODS", cfg.Methods, []string{"POST"}},
+		{"TTL", cfg.TTL, 24 * time.Hour},
+		{"LOCK_TTL", cfg.LockTTL, 60 * time.Second},
+		{"UPSTREAM_TIMEOUT", cfg.UpstreamTimeout, 30 * time.Second},
+		{"REQUIRE_KEY", cfg.RequireKey, false},
+		{"MAX_KEY_LENGTH", cfg.MaxKeyLength, 255},
+		{"MAX_BODY_BYTES", cfg.MaxBodyBytes, int64(1048576)},
+		{"MAX_STORED_RESPONSE_BYTES", cfg.MaxStoredResponseBytes, int64(1048576)},
+		{"SCOPE_HEADERS", cfg.ScopeHeaders, []string{"Authorization"}},
+		{"FAIL_MODE", cfg.FailMode, "closed"},
+		{"WAIT_TIMEOUT", cfg.WaitTimeout, time.Duration(0)},
+		{"ON_5XX", cfg.On5xx, "release"},
+		{"ROUTES", cfg.Routes, ""},
+		{"ROUTES parsed", len(cfg.routes), 0},
+		{"LOG_LEVEL", cfg.LogLevel, "info"},
+		{"LOG_LEVEL parsed", cfg.level, zerolog.InfoLevel},
+		{"LOG_FORMAT", cfg.LogFormat, "json"},
+		{"SHUTDOWN_TIMEOUT", cfg.ShutdownTimeout, 45 * time.Second},
+		{"UPSTREAM_URL parsed", cfg.upstream.String(), "http://127.0.0.1:9000"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if !reflect.DeepEqual(tt.got, tt.want) {
+				t.Errorf("got %v, want %v", tt.got, tt.want)
+			}
+		})
+	}
+}
+
+func TestLoadConfigNormalisesAndWarns(t *testing.T) {
+	cfg, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9000", "IDEMPOTENCY_HEADER=idempotency-key",
+		"UPSTREAM_TIMEOUT=30s", "LOCK_TTL=32s", "ROUTES=POST /x lock=31s", "FAIL_MODE=open", "SCOPE_HEADERS="})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.IdempotencyHeader != "Idempotency-Key" {
+		t.Errorf("IDEMPOTENCY_HEADER = %q, want the canonical Idempotency-Key", cfg.IdempotencyHeader)
+	}
+	want := []string{"LOCK_TTL=32s leaves 2s", `ROUTES rule "POST /x lock=31s" leaves 1s`, "SCOPE_HEADERS is empty", "FAIL_MODE=open"}
+	all := strings.Join(cfg.warnings, "\n")
+	for _, w := range want {
+		if !strings.Contains(all, w) {
+			t.Errorf("warnings %q lack %q", cfg.warnings, w)
+		}
+	}
+	if _, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9000", "KEY_PREFIX=idem:{x}:"}); err == nil || !strings.Contains(err.Error(), `KEY_PREFIX="idem:{x}:"`) {
+		t.Errorf("KEY_PREFIX with a hash tag: error %v, want one naming it", err)
+	}
+	def, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9000"})
+	if err != nil || len(def.warnings) != 0 {
+		t.Errorf("defaults: warnings %q, err %v; want none", def.warnings, err)
 	}
 }

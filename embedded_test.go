@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
+
+	"github.com/idemproxy/idemproxy/internal/testutil"
 )
 
 // TestEmbeddedRedisRequiresPassword: a local process that finds the embedded
@@ -71,5 +74,35 @@ func TestEmbeddedRedisPasswordPerStart(t *testing.T) {
 	}
 	if pw[0] == pw[1] {
 		t.Errorf("two starts drew the same password")
+	}
+}
+
+// The embedded miniredis never expires keys unless its clock is advanced:
+// a record must stop replaying after TTL, as with a real Redis.
+func TestEmbeddedRedisExpiresRecords(t *testing.T) {
+	const ttl = 2 * time.Second
+	up := newUpstream(t)
+	a, _ := startEnv(t, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=",
+		"LOCK_TTL=1s", "UPSTREAM_TIMEOUT=500ms", "TTL="+ttl.String())
+	c := newClient(t)
+	u := "http://" + a.proxyAddr.String() + "/v1/orders"
+
+	first := mustPost(t, c, u, "ttl-1", `{"n":1}`)
+	completed := time.Now()
+	if first.status != http.StatusCreated {
+		t.Fatalf("first POST: got %v, want %v", first.status, http.StatusCreated)
+	}
+	if r := mustPost(t, c, u, "ttl-1", `{"n":1}`); r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("repeat POST: got status %v replayed=%q, want a replay", r.status, r.header.Get("Idempotent-Replayed"))
+	}
+	testutil.Eventually(t, 5*time.Second, "a POST after the TTL executes again (201, not replayed)", func() bool {
+		r := mustPost(t, c, u, "ttl-1", `{"n":1}`)
+		return r.status == http.StatusCreated && r.header.Get("Idempotent-Replayed") == ""
+	})
+	if got := time.Since(completed); got < ttl-300*time.Millisecond {
+		t.Errorf("record expired after %v, want about %v", got, ttl)
+	}
+	if got := up.Calls.Load(); got != 2 {
+		t.Errorf("upstream calls: got %v, want 2", got)
 	}
 }

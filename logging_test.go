@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testutil"
 )
 
 // TestConsoleLogNoColourOffTerminal: LOG_FORMAT=console writes no colour
@@ -53,7 +54,7 @@ func TestRedisLibraryLogsAsJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testutil.SyncBuffer{}
 	st, err := openRedis(cfg, newLogger(cfg, logs))
 	if err != nil {
 		t.Fatal(err)

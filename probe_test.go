@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testutil"
 )
 
 // TestProbeUpstream: one bounded dial at start; a warning naming
@@ -23,7 +24,7 @@ func TestProbeUpstream(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	logger := zerolog.New(&logs)
 	up, _ := url.Parse("http://user:secret@" + l.Addr().String() + "/base")
 	if !probeUpstream(context.Background(), up, logger) {

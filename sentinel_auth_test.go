@@ -29,7 +29,7 @@ func TestSentinelPassword(t *testing.T) {
 	if first.status != http.StatusCreated || second.header.Get("Idempotent-Replayed") != "true" || second.body != first.body {
 		t.Errorf("with the sentinel password: got %v then %v replayed=%q, want 201 then its replay", first.status, second.status, second.header.Get("Idempotent-Replayed"))
 	}
-	if got := up.calls.Load(); got != 1 {
+	if got := up.Calls.Load(); got != 1 {
 		t.Errorf("upstream calls: got %v, want 1", got)
 	}
 	if strings.Contains(logs.String(), pw) {
@@ -44,7 +44,7 @@ func TestSentinelPassword(t *testing.T) {
 	if r := mustPost(t, c, "http://"+b.proxyAddr.String()+"/v1/orders", "sent-2", `{"n":2}`); r.status != http.StatusServiceUnavailable {
 		t.Errorf("POST without the sentinel password: got %v %q, want 503", r.status, r.body)
 	}
-	if got := up.calls.Load(); got != 1 {
+	if got := up.Calls.Load(); got != 1 {
 		t.Errorf("upstream calls: got %v, want 1", got)
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"io"
 	mrand "math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,6 +28,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testutil"
 )
 
 const (
@@ -49,15 +49,14 @@ type soakExec struct {
 // soakUpstream records every execution per key, and answers 201 with a body
 // unique to the execution (random length, so byte-for-byte means something).
 type soakUpstream struct {
-	srv   *httptest.Server
+	*testutil.Upstream
 	mu    sync.Mutex
 	execs map[string][]soakExec
-	total atomic.Int64
 }
 
 func newSoakUpstream(t *testing.T) *soakUpstream {
 	u := &soakUpstream{execs: map[string][]soakExec{}}
-	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	u.Upstream = testutil.NewUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		key := r.Header.Get("Idempotency-Key")
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -72,12 +71,10 @@ func newSoakUpstream(t *testing.T) *soakUpstream {
 		body := fmt.Sprintf("key=%s exec=%d proxy=%d pad=%s\n", key, n, inc, hex.EncodeToString(pad))
 		u.execs[key] = append(u.execs[key], soakExec{inc: inc, start: start, end: time.Now(), body: body})
 		u.mu.Unlock()
-		u.total.Add(1)
 		w.Header().Set("Content-Type", "text/plain")
 		w.WriteHeader(http.StatusCreated)
 		_, _ = io.WriteString(w, body)
-	}))
-	t.Cleanup(u.srv.Close)
+	})
 	return u
 }
 
@@ -187,7 +184,7 @@ type soakClient struct {
 	requests int
 }
 
-func (c *soakClient) note(key string, a scaleAnswer) {
+func (c *soakClient) note(key string, a fleetAnswer) {
 	label := "transport error"
 	switch {
 	case a.err != nil:
@@ -211,22 +208,22 @@ func (c *soakClient) note(key string, a scaleAnswer) {
 	}
 }
 
-func soakSend(hc *http.Client, proxy, key string) scaleAnswer {
+func soakSend(hc *http.Client, proxy, key string) fleetAnswer {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+proxy+"/v1/charges", strings.NewReader(`{"charge":"`+key+`"}`))
 	if err != nil {
-		return scaleAnswer{err: err}
+		return fleetAnswer{err: err}
 	}
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := hc.Do(req)
 	if err != nil {
-		return scaleAnswer{err: err}
+		return fleetAnswer{err: err}
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	return scaleAnswer{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed") == "true", body: string(b), err: err}
+	return fleetAnswer{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed") == "true", body: string(b), err: err}
 }
 
 func soakDuration(t *testing.T) time.Duration {
@@ -304,7 +301,7 @@ func TestSoak(t *testing.T) {
 
 	srv := redistest.Start(t, "appendonly yes", "appendfsync always", "maxmemory-policy noeviction")
 	up := newSoakUpstream(t)
-	f := &soakFleet{t: t, bin: bin, dir: dir, upstream: up.srv.URL, redis: srv.URL()}
+	f := &soakFleet{t: t, bin: bin, dir: dir, upstream: up.URL, redis: srv.URL()}
 	for i := range 3 {
 		p := &soakProc{
 			slot:     i,
@@ -324,7 +321,7 @@ func TestSoak(t *testing.T) {
 	// The storm: soakWorkers goroutines draw keys from a pool of active keys,
 	// each key sent soakSendsPerKey times, to a random proxy.
 	cl := &soakClient{first: map[string]string{}, bodies: map[string]map[string]bool{}, status: map[string]int{}}
-	run := scaleNonce()[:6]
+	run := fleetNonce()[:6]
 	var poolMu sync.Mutex
 	var keys []string
 	type active struct {
@@ -403,10 +400,10 @@ func TestSoak(t *testing.T) {
 	// Recovery: every key that never got a 2xx is retried until it does
 	// (a claim left by a killed proxy holds until LOCK_TTL, then is taken
 	// over); then every key is sent once more and must replay.
-	retry := func(k string, ok func(scaleAnswer) bool) scaleAnswer {
+	retry := func(k string, ok func(fleetAnswer) bool) fleetAnswer {
 		hc := &http.Client{}
 		defer hc.CloseIdleConnections()
-		var a scaleAnswer
+		var a fleetAnswer
 		for try := 0; try < 100; try++ {
 			a = soakSend(hc, f.procs[try%len(f.procs)].listen, k)
 			cl.note(k, a)
@@ -417,7 +414,7 @@ func TestSoak(t *testing.T) {
 		}
 		return a
 	}
-	is2xx := func(a scaleAnswer) bool { return a.err == nil && a.status >= 200 && a.status < 300 }
+	is2xx := func(a fleetAnswer) bool { return a.err == nil && a.status >= 200 && a.status < 300 }
 	parallel := func(keys []string, fn func(string)) {
 		ch := make(chan string)
 		var wg sync.WaitGroup
@@ -435,7 +432,7 @@ func TestSoak(t *testing.T) {
 		wg.Wait()
 	}
 	var settled atomic.Int64
-	reexecuted := map[string]scaleAnswer{}
+	reexecuted := map[string]fleetAnswer{}
 	parallel(keys, func(k string) {
 		cl.mu.Lock()
 		_, ok := cl.first[k]
@@ -447,9 +444,9 @@ func TestSoak(t *testing.T) {
 			}
 		}
 	})
-	finals := map[string]scaleAnswer{}
+	finals := map[string]fleetAnswer{}
 	var finalMu sync.Mutex
-	notConflict := func(a scaleAnswer) bool { return a.err == nil && a.status != http.StatusConflict }
+	notConflict := func(a fleetAnswer) bool { return a.err == nil && a.status != http.StatusConflict }
 	parallel(keys, func(k string) {
 		a := retry(k, notConflict)
 		if a.err == nil && !a.replayed {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/testutil"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -151,7 +152,7 @@ func TestEarlyHintsKeepProxyHeaders(t *testing.T) {
 func TestSlowDialIsUnreachable(t *testing.T) {
 	forBoth(t, func(o *proxy.Options) {
 		o.UpstreamTimeout = 200 * time.Millisecond
-		o.Transport = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		o.Transport = testutil.RoundTripFunc(func(r *http.Request) (*http.Response, error) {
 			<-r.Context().Done() // a dial that hangs until the deadline
 			return nil, r.Context().Err()
 		})
@@ -168,10 +169,6 @@ func TestSlowDialIsUnreachable(t *testing.T) {
 		}
 	})
 }
-
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // TestClaimExpiredBeforeCompletion: when the lock expired before the answer
 // could be recorded and nobody took over, the answer is recorded all the

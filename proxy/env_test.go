@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,6 +21,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testutil"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -32,9 +31,8 @@ import (
 type env struct {
 	t        *testing.T
 	backend  string
-	upstream *httptest.Server
-	calls    atomic.Int64
-	handle   atomic.Pointer[http.HandlerFunc]
+	upstream *testutil.Upstream
+	calls    *atomic.Int64 // &upstream.Calls
 	rdb      *redis.Client
 	mr       *miniredis.Miniredis // miniredis backend
 	redis    *redistest.Server    // redis-server backend
@@ -42,24 +40,7 @@ type env struct {
 	h        *proxy.Handler
 	srv      *httptest.Server
 	reg      *prometheus.Registry
-	logs     *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	logs     *testutil.SyncBuffer
 }
 
 const (
@@ -90,13 +71,9 @@ func defaultOptions() proxy.Options {
 
 func newEnv(t *testing.T, backend string, mutate func(*proxy.Options)) *env {
 	t.Helper()
-	e := &env{t: t, backend: backend, logs: &syncBuffer{}}
-	e.setUpstream(e.created)
-	e.upstream = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		e.calls.Add(1)
-		(*e.handle.Load())(w, r)
-	}))
-	t.Cleanup(e.upstream.Close)
+	e := &env{t: t, backend: backend, logs: &testutil.SyncBuffer{}}
+	e.upstream = testutil.NewUpstream(t, e.created)
+	e.calls = &e.upstream.Calls
 
 	switch backend {
 	case miniBackend:
@@ -141,7 +118,7 @@ func (e *env) newProxy(opts proxy.Options) (*proxy.Handler, *httptest.Server, *p
 	return h, srv, reg
 }
 
-func (e *env) setUpstream(f http.HandlerFunc) { e.handle.Store(&f) }
+func (e *env) setUpstream(f http.HandlerFunc) { e.upstream.SetHandler(f) }
 
 // created is the default upstream: 201 with a body naming the call, an
 // end-to-end header, a cookie, and a hop-by-hop header named in Connection.
@@ -239,17 +216,8 @@ func (e *env) advance(d time.Duration) {
 	time.Sleep(d)
 }
 
-// eventually polls cond every 10ms until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+// eventually is testutil.Eventually under the name this package's tests call.
+var eventually = testutil.Eventually
 
 // counter returns the value of a counter series, 0 if absent.
 func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {

@@ -155,9 +155,6 @@ func (s *Sentinel) Addrs() []string {
 // MasterName is the name the sentinels monitor ("mymaster").
 func (s *Sentinel) MasterName() string { return s.name }
 
-// Servers returns the two data nodes, the initial master first.
-func (s *Sentinel) Servers() []*Server { return s.data }
-
 // flatMaps turns a RESP2 array of flat [k v k v ...] arrays into maps.
 func flatMaps(v any) ([]map[string]string, error) {
 	rows, ok := v.([]any)
@@ -332,25 +329,6 @@ func (s *Sentinel) Failover(timeout time.Duration) *Server {
 		}
 		if time.Now().After(deadline) {
 			s.t.Fatalf("failover of %s not done after %s: %v", s.name, timeout, last)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// WaitReplicaOf waits, at most timeout, until r answers ROLE as a replica of
-// m with its link up and in sync (Sentinel reconfigures an old master a few
-// seconds after a failover).
-func (s *Sentinel) WaitReplicaOf(r, m *Server, timeout time.Duration) {
-	s.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		role, port, err := Role(r)
-		if err == nil && role == "slave" && port == m.Port() {
-			WaitReplicated(s.t, m, r, time.Until(deadline))
-			return
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("%s is not a replica of %s after %s: ROLE %q of port %d (%v)", r.Addr(), m.Addr(), timeout, role, port, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
