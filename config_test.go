@@ -216,11 +216,11 @@ func TestLoadConfigErrors(t *testing.T) {
 		},
 		{
 			name: "SHUTDOWN_TIMEOUT cannot cover UPSTREAM_TIMEOUT and recording", env: []string{up, "SHUTDOWN_TIMEOUT=30s", "UPSTREAM_TIMEOUT=30s"},
-			want: []string{`SHUTDOWN_TIMEOUT="30s"`, `UPSTREAM_TIMEOUT="30s"`, "record", "40s"},
+			want: []string{`SHUTDOWN_TIMEOUT="30s"`, `REQUEST_READ_TIMEOUT="10s"`, `UPSTREAM_TIMEOUT="30s"`, "record", "50s"},
 		},
 		{
-			name: "SHUTDOWN_TIMEOUT below the default UPSTREAM_TIMEOUT and recording", env: []string{up, "SHUTDOWN_TIMEOUT=39s"},
-			want: []string{`SHUTDOWN_TIMEOUT="39s"`, `UPSTREAM_TIMEOUT="30s"`},
+			name: "SHUTDOWN_TIMEOUT below the default REQUEST_READ_TIMEOUT, UPSTREAM_TIMEOUT and recording", env: []string{up, "SHUTDOWN_TIMEOUT=49s"},
+			want: []string{`SHUTDOWN_TIMEOUT="49s"`, `UPSTREAM_TIMEOUT="30s"`},
 		},
 		{name: "route unknown option", env: []string{up, "ROUTES=POST /v1/orders bogus"}, want: []string{`ROUTES rule "POST /v1/orders bogus"`}},
 		{name: "route lower-case method", env: []string{up, "ROUTES=post /v1/orders"}, want: []string{`ROUTES rule "post /v1/orders"`}},
@@ -365,7 +365,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		{"LOG_LEVEL", cfg.LogLevel, "info"},
 		{"LOG_LEVEL parsed", cfg.level, zerolog.InfoLevel},
 		{"LOG_FORMAT", cfg.LogFormat, "json"},
-		{"SHUTDOWN_TIMEOUT", cfg.ShutdownTimeout, 45 * time.Second},
+		{"SHUTDOWN_TIMEOUT", cfg.ShutdownTimeout, 60 * time.Second},
 		{"UPSTREAM_URL parsed", cfg.upstream.String(), "http://127.0.0.1:9000"},
 	}
 	for _, tt := range tests {

@@ -2,24 +2,16 @@ package main
 
 import "testing"
 
-// TestShutdownTimeoutCoversRequestReadTimeout: the SHUTDOWN_TIMEOUT
-// bound (UPSTREAM_TIMEOUT + 10s of recording) forgets the time a keyed
-// request may still spend receiving its body before it is claimed and
-// forwarded. http.Server.Shutdown does not cut a request whose body is
-// arriving: one that started just before SIGTERM may read for
-// REQUEST_READ_TIMEOUT, then call the upstream for UPSTREAM_TIMEOUT, then
-// record for 10s. With the defaults (10s + 30s + 10s = 50s against
-// SHUTDOWN_TIMEOUT=45s) the process can exit after forwarding but before
-// recording: the claim stays in flight, and after LOCK_TTL the client's
-// retry takes it over and executes again - exactly what the check exists
-// to prevent.
-//
-// Correct: require SHUTDOWN_TIMEOUT >= REQUEST_READ_TIMEOUT +
-// UPSTREAM_TIMEOUT + 10s (and raise the default and the chart's grace
-// accordingly), or stop accepting keyed bodies that cannot finish in time.
+// TestShutdownTimeoutCoversRequestReadTimeout: http.Server.Shutdown does
+// not cut a request whose body is arriving. One that started just before
+// SIGTERM may read for REQUEST_READ_TIMEOUT, call the upstream for
+// UPSTREAM_TIMEOUT, then record for 10s; a SHUTDOWN_TIMEOUT shorter than
+// that sum exits with its claim in flight, and after LOCK_TTL the client's
+// retry executes again. So loadConfig refuses it (the earlier rule, without
+// REQUEST_READ_TIMEOUT, accepted 45s against the defaults' 50s).
 func TestShutdownTimeoutCoversRequestReadTimeout(t *testing.T) {
 	env := []string{"UPSTREAM_URL=http://127.0.0.1:9000",
-		"UPSTREAM_TIMEOUT=30s", "REQUEST_READ_TIMEOUT=10s", "SHUTDOWN_TIMEOUT=45s"} // all defaults
+		"UPSTREAM_TIMEOUT=30s", "REQUEST_READ_TIMEOUT=10s", "SHUTDOWN_TIMEOUT=45s"} // the earlier default
 	if _, err := loadConfig(env); err == nil {
 		t.Errorf("loadConfig(%q) accepted: a keyed request arriving at SIGTERM may need 10s (body) + 30s (upstream) + 10s (record) = 50s > SHUTDOWN_TIMEOUT 45s", env)
 	}

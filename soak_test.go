@@ -121,7 +121,8 @@ func (f *soakFleet) start(p *soakProc) {
 		"ADMIN_ADDR=" + p.admin,
 		"LOCK_TTL=" + soakLockTTL.String(),
 		"UPSTREAM_TIMEOUT=" + soakUpstreamTimeout.String(),
-		"SHUTDOWN_TIMEOUT=11s", // at least UPSTREAM_TIMEOUT + 10s, or the proxy refuses to start
+		"REQUEST_READ_TIMEOUT=1s",
+		"SHUTDOWN_TIMEOUT=12s", // at least REQUEST_READ_TIMEOUT + UPSTREAM_TIMEOUT + 10s, or the proxy refuses to start
 		"LOG_LEVEL=warn",
 	}
 	cmd.Stdout, cmd.Stderr = out, out

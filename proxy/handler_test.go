@@ -771,7 +771,11 @@ func TestClientDisconnectStillRecords(t *testing.T) {
 // TestClientGoneMidBody: the client stops reading while a large body is
 // being copied; the copy goes on and the answer is recorded.
 func TestClientGoneMidBody(t *testing.T) {
-	forBoth(t, func(o *proxy.Options) { o.MaxStoredBytes = 8 << 20 }, func(t *testing.T, e *env) {
+	forBoth(t, func(o *proxy.Options) {
+		o.MaxStoredBytes = 8 << 20
+		// Copying 4 MiB under -race on a loaded 2-core machine can take over a second.
+		o.UpstreamTimeout, o.Default.LockTTL = 5*time.Second, 10*time.Second
+	}, func(t *testing.T, e *env) {
 		chunk := bytes.Repeat([]byte("x"), 64<<10)
 		sent := make(chan struct{})
 		e.setUpstream(func(w http.ResponseWriter, _ *http.Request) {

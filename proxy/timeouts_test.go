@@ -267,7 +267,9 @@ func TestStreamCutByUpstreamTimeoutIsRecorded(t *testing.T) {
 func TestReplayToAClientThatNeverReads(t *testing.T) {
 	const size = 8 << 20
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
-		o.UpstreamTimeout = 3 * time.Second
+		// Room for the first 8 MiB answer under -race on a loaded machine.
+		o.UpstreamTimeout = 6 * time.Second
+		o.Default.LockTTL = 12 * time.Second
 		o.MaxStoredBytes = size + 1
 	})
 	big := strings.Repeat("z", size)
@@ -283,7 +285,7 @@ func TestReplayToAClientThatNeverReads(t *testing.T) {
 	fmt.Fprintf(c, "POST /v1/orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: big\r\nContent-Length: 1\r\n\r\nb")
 	// Never read. The replay must end (logged, gauge back to zero) by the deadline.
 	start := time.Now()
-	eventually(t, 10*time.Second, "replay handler ended", func() bool {
+	eventually(t, 15*time.Second, "replay handler ended", func() bool {
 		return counter(t, e.reg, "idemproxy_requests_total", map[string]string{"outcome": "replayed"}) == 1 &&
 			counter(t, e.reg, "idemproxy_inflight_requests", nil) == 0
 	})
