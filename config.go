@@ -160,49 +160,75 @@ func typeHint(t reflect.Type) string {
 	return "cannot be parsed as " + t.String()
 }
 
-// validate checks values and their relations; each problem names the
-// variable and the value as the operator wrote it (raw). Variables in
-// failed did not parse and are not checked again.
+// validate checks values and their relations, one concern at a time; each
+// problem names the variable and the value as the operator wrote it (raw).
+// Variables in failed did not parse and are not checked again.
 func (c *Config) validate(raw map[string]string, failed map[string]bool) []string {
-	var p []string
-	bad := func(format string, args ...any) { p = append(p, fmt.Sprintf(format, args...)) }
-	// value is what the operator wrote, or the default when unset.
-	value := func(name, parsed string) string {
-		if v := raw[name]; v != "" {
-			return v
-		}
-		return parsed
-	}
+	k := &checker{raw: raw, failed: failed}
+	c.checkUpstream(k)
+	c.checkRedis(k)
+	c.checkRequests(k)
+	c.checkTimeouts(k)
+	c.checkSizes(k)
+	c.checkModes(k)
+	c.checkRoutes(k)
+	c.collectWarnings()
+	return k.problems
+}
 
+// checker collects configuration problems.
+type checker struct {
+	raw      map[string]string
+	failed   map[string]bool
+	problems []string
+}
+
+func (k *checker) bad(format string, args ...any) {
+	k.problems = append(k.problems, fmt.Sprintf(format, args...))
+}
+
+// value is what the operator wrote, or the default (parsed) when unset.
+func (k *checker) value(name, parsed string) string {
+	if v := k.raw[name]; v != "" {
+		return v
+	}
+	return parsed
+}
+
+// checkUpstream checks UPSTREAM_URL and UPSTREAM_ID.
+func (c *Config) checkUpstream(k *checker) {
 	if c.UpstreamURL != "" {
 		u, err := url.Parse(c.UpstreamURL)
 		shown := redactURL(c.UpstreamURL)
 		switch {
 		case err != nil && shown != c.UpstreamURL:
-			bad("UPSTREAM_URL=%q: malformed URL", shown)
+			k.bad("UPSTREAM_URL=%q: malformed URL", shown)
 		case err != nil:
-			bad("UPSTREAM_URL=%q: %v", shown, urlErrorReason(err))
+			k.bad("UPSTREAM_URL=%q: %v", shown, urlErrorReason(err))
 		case u.Scheme != "http" && u.Scheme != "https":
-			bad("UPSTREAM_URL=%q: scheme must be http or https", shown)
+			k.bad("UPSTREAM_URL=%q: scheme must be http or https", shown)
 		case u.Host == "":
-			bad("UPSTREAM_URL=%q: no host", shown)
+			k.bad("UPSTREAM_URL=%q: no host", shown)
 		default:
 			c.upstream = u
 		}
 	}
 	switch id := strings.TrimSpace(c.UpstreamID); {
 	case c.UpstreamID != "" && id == "":
-		bad("UPSTREAM_ID=%q: blank; leave it empty to derive it from UPSTREAM_URL, or give an identifier", c.UpstreamID)
+		k.bad("UPSTREAM_ID=%q: blank; leave it empty to derive it from UPSTREAM_URL, or give an identifier", c.UpstreamID)
 	case len(id) > maxUpstreamIDBytes:
-		bad("UPSTREAM_ID=%q...: %d bytes, at most %d", id[:32], len(id), maxUpstreamIDBytes)
+		k.bad("UPSTREAM_ID=%q...: %d bytes, at most %d", id[:32], len(id), maxUpstreamIDBytes)
 	case strings.IndexFunc(id, func(r rune) bool { return r < 0x20 || r > 0x7e }) >= 0:
-		bad("UPSTREAM_ID=%q: only printable ASCII characters are allowed", id)
+		k.bad("UPSTREAM_ID=%q: only printable ASCII characters are allowed", id)
 	case id != "":
 		c.upstreamID = id
 	case c.upstream != nil:
 		c.upstreamID = deriveUpstreamID(c.upstream)
 	}
+}
 
+// checkRedis checks the Redis mode, addresses, credentials and WAIT.
+func (c *Config) checkRedis(k *checker) {
 	switch c.RedisMode {
 	case "standalone":
 		if c.RedisURL != "" {
@@ -211,33 +237,33 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 				// read_timeout= that ends first makes every claim an I/O
 				// error. Without read_timeout= the proxy raises it itself.
 				if c.RedisWaitReplicas > 0 && opt.ReadTimeout > 0 && c.RedisWaitTimeout >= opt.ReadTimeout {
-					bad("REDIS_WAIT_TIMEOUT=%q must be below the read_timeout=%v that REDIS_URL sets: WAIT holds the connection for up to REDIS_WAIT_TIMEOUT, "+
+					k.bad("REDIS_WAIT_TIMEOUT=%q must be below the read_timeout=%v that REDIS_URL sets: WAIT holds the connection for up to REDIS_WAIT_TIMEOUT, "+
 						"and a read timeout that ends first turns every claim into an I/O error instead of \"not acknowledged by enough replicas\". "+
 						"Raise read_timeout above it, or remove it (the proxy then uses REDIS_WAIT_TIMEOUT + 1s)",
-						value("REDIS_WAIT_TIMEOUT", c.RedisWaitTimeout.String()), opt.ReadTimeout)
+						k.value("REDIS_WAIT_TIMEOUT", c.RedisWaitTimeout.String()), opt.ReadTimeout)
 				}
 			} else {
 				if shown := redactURL(c.RedisURL); shown != c.RedisURL {
 					// The parser's message may quote parts of the password.
-					bad("REDIS_URL=%q: malformed URL", shown)
+					k.bad("REDIS_URL=%q: malformed URL", shown)
 				} else {
-					bad("REDIS_URL=%q: %v", shown, urlErrorReason(err))
+					k.bad("REDIS_URL=%q: %v", shown, urlErrorReason(err))
 				}
 			}
 		}
 		if len(c.RedisAddrs) > 0 {
-			bad("REDIS_ADDRS=%q: only used with REDIS_MODE=sentinel or cluster; in standalone mode set REDIS_URL", strings.Join(c.RedisAddrs, ","))
+			k.bad("REDIS_ADDRS=%q: only used with REDIS_MODE=sentinel or cluster; in standalone mode set REDIS_URL", strings.Join(c.RedisAddrs, ","))
 		}
 		if c.RedisUsername != "" || c.RedisPassword != "" || c.RedisTLS {
-			bad("REDIS_USERNAME, REDIS_PASSWORD and REDIS_TLS are for sentinel/cluster; in standalone mode put them in REDIS_URL (rediss://user:password@host:6379/0)")
+			k.bad("REDIS_USERNAME, REDIS_PASSWORD and REDIS_TLS are for sentinel/cluster; in standalone mode put them in REDIS_URL (rediss://user:password@host:6379/0)")
 		}
 	case "sentinel", "cluster":
 		if c.RedisURL != "" {
-			bad("REDIS_URL=%q: only used with REDIS_MODE=standalone; with REDIS_MODE=%s set REDIS_ADDRS", redactURL(c.RedisURL), c.RedisMode)
+			k.bad("REDIS_URL=%q: only used with REDIS_MODE=standalone; with REDIS_MODE=%s set REDIS_ADDRS", redactURL(c.RedisURL), c.RedisMode)
 		}
 		// Seeds are trimmed ("a:26379, b:26379" is two seeds, not one and
 		// " b:26379", which no resolver dials) and empty entries dropped.
-		rawAddrs := value("REDIS_ADDRS", strings.Join(c.RedisAddrs, ","))
+		rawAddrs := k.value("REDIS_ADDRS", strings.Join(c.RedisAddrs, ","))
 		addrs := make([]string, 0, len(c.RedisAddrs))
 		for _, a := range c.RedisAddrs {
 			if a = strings.TrimSpace(a); a != "" {
@@ -246,57 +272,61 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 		}
 		switch {
 		case len(addrs) == 0 && len(c.RedisAddrs) > 0:
-			bad("REDIS_ADDRS=%q: no host:port in it, only separators and blanks; with REDIS_MODE=%s list the seeds (host:port,host:port)", rawAddrs, c.RedisMode)
+			k.bad("REDIS_ADDRS=%q: no host:port in it, only separators and blanks; with REDIS_MODE=%s list the seeds (host:port,host:port)", rawAddrs, c.RedisMode)
 		case len(addrs) == 0:
-			bad("REDIS_ADDRS is required with REDIS_MODE=%s (comma-separated host:port seeds)", c.RedisMode)
+			k.bad("REDIS_ADDRS is required with REDIS_MODE=%s (comma-separated host:port seeds)", c.RedisMode)
 		}
 		for _, a := range addrs {
 			if h, port, ok := strings.Cut(a, ":"); !ok || h == "" || port == "" || strings.ContainsAny(a, " \t") {
-				bad("REDIS_ADDRS=%q: %q is not host:port", rawAddrs, a)
+				k.bad("REDIS_ADDRS=%q: %q is not host:port", rawAddrs, a)
 			}
 		}
 		c.RedisAddrs = addrs
 		if c.RedisMode == "sentinel" && c.RedisMasterName == "" {
-			bad("REDIS_MASTER_NAME is required with REDIS_MODE=sentinel")
+			k.bad("REDIS_MASTER_NAME is required with REDIS_MODE=sentinel")
 		}
 	default:
-		bad("REDIS_MODE=%q: want standalone, sentinel or cluster", c.RedisMode)
+		k.bad("REDIS_MODE=%q: want standalone, sentinel or cluster", c.RedisMode)
 	}
 	// Sentinel credentials: never quoted, only named.
 	if c.RedisMode != "sentinel" {
 		if c.RedisSentinelUsername != "" {
-			bad("REDIS_SENTINEL_USERNAME is set but REDIS_MODE=%q: it authenticates to the sentinels and is only used with REDIS_MODE=sentinel; unset it", c.RedisMode)
+			k.bad("REDIS_SENTINEL_USERNAME is set but REDIS_MODE=%q: it authenticates to the sentinels and is only used with REDIS_MODE=sentinel; unset it", c.RedisMode)
 		}
 		if c.RedisSentinelPassword != "" {
-			bad("REDIS_SENTINEL_PASSWORD is set but REDIS_MODE=%q: it authenticates to the sentinels and is only used with REDIS_MODE=sentinel; unset it", c.RedisMode)
+			k.bad("REDIS_SENTINEL_PASSWORD is set but REDIS_MODE=%q: it authenticates to the sentinels and is only used with REDIS_MODE=sentinel; unset it", c.RedisMode)
 		}
 	} else if c.RedisSentinelUsername != "" && c.RedisSentinelPassword == "" {
-		bad("REDIS_SENTINEL_USERNAME is set without REDIS_SENTINEL_PASSWORD: the sentinels are authenticated with both (set the password, or unset the username to use the default user)")
+		k.bad("REDIS_SENTINEL_USERNAME is set without REDIS_SENTINEL_PASSWORD: the sentinels are authenticated with both (set the password, or unset the username to use the default user)")
 	}
 
 	if c.RedisWaitReplicas < 0 {
-		bad("REDIS_WAIT_REPLICAS=%q: must not be negative", value("REDIS_WAIT_REPLICAS", fmt.Sprint(c.RedisWaitReplicas)))
+		k.bad("REDIS_WAIT_REPLICAS=%q: must not be negative", k.value("REDIS_WAIT_REPLICAS", fmt.Sprint(c.RedisWaitReplicas)))
 	}
 	if c.RedisWaitReplicas > 0 && c.RedisMode == "standalone" && c.RedisURL == "" {
-		bad("REDIS_WAIT_REPLICAS=%q: the embedded Redis (REDIS_URL empty) has no replicas", value("REDIS_WAIT_REPLICAS", ""))
+		k.bad("REDIS_WAIT_REPLICAS=%q: the embedded Redis (REDIS_URL empty) has no replicas", k.value("REDIS_WAIT_REPLICAS", ""))
 	}
-	if c.RedisWaitTimeout <= 0 && !failed["REDIS_WAIT_TIMEOUT"] {
-		bad("REDIS_WAIT_TIMEOUT=%q: must be above zero", value("REDIS_WAIT_TIMEOUT", c.RedisWaitTimeout.String()))
+	if c.RedisWaitTimeout <= 0 && !k.failed["REDIS_WAIT_TIMEOUT"] {
+		k.bad("REDIS_WAIT_TIMEOUT=%q: must be above zero", k.value("REDIS_WAIT_TIMEOUT", c.RedisWaitTimeout.String()))
 	}
+}
+
+// checkRequests checks what a request may carry: the key header, methods, scope headers, the key prefix.
+func (c *Config) checkRequests(k *checker) {
 	if c.IdempotencyHeader == "" || strings.ContainsAny(c.IdempotencyHeader, " \t:,") {
-		bad("IDEMPOTENCY_HEADER=%q: not a header name", c.IdempotencyHeader)
+		k.bad("IDEMPOTENCY_HEADER=%q: not a header name", c.IdempotencyHeader)
 	}
 	c.IdempotencyHeader = http.CanonicalHeaderKey(c.IdempotencyHeader)
 	if strings.ContainsAny(c.KeyPrefix, "{}") {
-		bad("KEY_PREFIX=%q: must not contain { or }: the proxy adds the Redis Cluster hash tag itself, and one in the prefix would put every key in one slot", c.KeyPrefix)
+		k.bad("KEY_PREFIX=%q: must not contain { or }: the proxy adds the Redis Cluster hash tag itself, and one in the prefix would put every key in one slot", c.KeyPrefix)
 	}
 	methods := make([]string, 0, len(c.Methods))
 	for _, m := range c.Methods {
 		m = strings.ToUpper(strings.TrimSpace(m))
 		if m == "" || strings.ContainsAny(m, " \t;:/") {
-			if !failed["METHODS"] {
-				bad("METHODS=%q: %q is not an HTTP method", value("METHODS", ""), m)
-				failed["METHODS"] = true // one message is enough
+			if !k.failed["METHODS"] {
+				k.bad("METHODS=%q: %q is not an HTTP method", k.value("METHODS", ""), m)
+				k.failed["METHODS"] = true // one message is enough
 			}
 			continue
 		}
@@ -308,13 +338,16 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 	for i, h := range c.ScopeHeaders {
 		c.ScopeHeaders[i] = strings.TrimSpace(h)
 		if c.ScopeHeaders[i] == "" {
-			bad("SCOPE_HEADERS=%q: empty header name", strings.Join(c.ScopeHeaders, ","))
+			k.bad("SCOPE_HEADERS=%q: empty header name", strings.Join(c.ScopeHeaders, ","))
 		}
 	}
+}
 
+// checkTimeouts checks the durations and how they bound each other.
+func (c *Config) checkTimeouts(k *checker) {
 	positive := func(name string, d time.Duration) {
-		if d <= 0 && !failed[name] {
-			bad("%s=%q: must be above zero", name, value(name, d.String()))
+		if d <= 0 && !k.failed[name] {
+			k.bad("%s=%q: must be above zero", name, k.value(name, d.String()))
 		}
 	}
 	positive("TTL", c.TTL)
@@ -323,80 +356,95 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 	positive("REQUEST_READ_TIMEOUT", c.RequestReadTimeout)
 	positive("SHUTDOWN_TIMEOUT", c.ShutdownTimeout)
 	if c.WaitTimeout < 0 {
-		bad("WAIT_TIMEOUT=%q: must not be negative", value("WAIT_TIMEOUT", c.WaitTimeout.String()))
+		k.bad("WAIT_TIMEOUT=%q: must not be negative", k.value("WAIT_TIMEOUT", c.WaitTimeout.String()))
 	}
 	if c.UpstreamTimeout > 0 && c.LockTTL > 0 && c.UpstreamTimeout >= c.LockTTL {
-		bad("UPSTREAM_TIMEOUT=%q must be below LOCK_TTL=%q: otherwise a request still running could lose its claim and execute twice",
-			value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()), value("LOCK_TTL", c.LockTTL.String()))
+		k.bad("UPSTREAM_TIMEOUT=%q must be below LOCK_TTL=%q: otherwise a request still running could lose its claim and execute twice",
+			k.value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()), k.value("LOCK_TTL", c.LockTTL.String()))
 	}
 	if need := c.RequestReadTimeout + c.UpstreamTimeout + recordBudget; c.UpstreamTimeout > 0 && c.RequestReadTimeout > 0 && c.ShutdownTimeout > 0 && c.ShutdownTimeout < need {
-		bad("SHUTDOWN_TIMEOUT=%q must be at least REQUEST_READ_TIMEOUT=%q + UPSTREAM_TIMEOUT=%q + %v: on SIGTERM a keyed request in flight may still be receiving its body, then wait UPSTREAM_TIMEOUT for its answer and up to %v to record it; "+
+		k.bad("SHUTDOWN_TIMEOUT=%q must be at least REQUEST_READ_TIMEOUT=%q + UPSTREAM_TIMEOUT=%q + %v: on SIGTERM a keyed request in flight may still be receiving its body, then wait UPSTREAM_TIMEOUT for its answer and up to %v to record it; "+
 			"a shorter SHUTDOWN_TIMEOUT exits with its claim in flight, and the client's retry executes again after LOCK_TTL. Raise SHUTDOWN_TIMEOUT to %v or more (and the pod's termination grace period above it)",
-			value("SHUTDOWN_TIMEOUT", c.ShutdownTimeout.String()), value("REQUEST_READ_TIMEOUT", c.RequestReadTimeout.String()),
-			value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()), recordBudget, recordBudget, need)
+			k.value("SHUTDOWN_TIMEOUT", c.ShutdownTimeout.String()), k.value("REQUEST_READ_TIMEOUT", c.RequestReadTimeout.String()),
+			k.value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()), recordBudget, recordBudget, need)
 	}
 	if c.TTL > 0 && c.LockTTL > 0 && c.TTL < c.LockTTL {
-		bad("TTL=%q must not be below LOCK_TTL=%q: a completed answer would be forgotten before an in-flight claim of the same key expires",
-			value("TTL", c.TTL.String()), value("LOCK_TTL", c.LockTTL.String()))
+		k.bad("TTL=%q must not be below LOCK_TTL=%q: a completed answer would be forgotten before an in-flight claim of the same key expires",
+			k.value("TTL", c.TTL.String()), k.value("LOCK_TTL", c.LockTTL.String()))
 	}
-	if c.MaxKeyLength <= 0 && !failed["MAX_KEY_LENGTH"] {
-		bad("MAX_KEY_LENGTH=%q: must be above zero", value("MAX_KEY_LENGTH", fmt.Sprint(c.MaxKeyLength)))
+}
+
+// checkSizes checks the key length and the byte limits.
+func (c *Config) checkSizes(k *checker) {
+	if c.MaxKeyLength <= 0 && !k.failed["MAX_KEY_LENGTH"] {
+		k.bad("MAX_KEY_LENGTH=%q: must be above zero", k.value("MAX_KEY_LENGTH", fmt.Sprint(c.MaxKeyLength)))
 	}
-	if c.MaxBodyBytes <= 0 && !failed["MAX_BODY_BYTES"] {
-		bad("MAX_BODY_BYTES=%q: must be above zero", value("MAX_BODY_BYTES", fmt.Sprint(c.MaxBodyBytes)))
+	if c.MaxBodyBytes <= 0 && !k.failed["MAX_BODY_BYTES"] {
+		k.bad("MAX_BODY_BYTES=%q: must be above zero", k.value("MAX_BODY_BYTES", fmt.Sprint(c.MaxBodyBytes)))
 	}
 	if c.MaxBodyBytes > maxBufferedBytes {
-		bad("MAX_BODY_BYTES=%q: at most %d (64 MiB): every keyed request in flight may hold that much in memory",
-			value("MAX_BODY_BYTES", fmt.Sprint(c.MaxBodyBytes)), maxBufferedBytes)
+		k.bad("MAX_BODY_BYTES=%q: at most %d (64 MiB): every keyed request in flight may hold that much in memory",
+			k.value("MAX_BODY_BYTES", fmt.Sprint(c.MaxBodyBytes)), maxBufferedBytes)
 	}
 	if c.MaxStoredResponseBytes > maxBufferedBytes {
-		bad("MAX_STORED_RESPONSE_BYTES=%q: at most %d (64 MiB): every answer being recorded may hold that much in memory, and each record is one Redis value",
-			value("MAX_STORED_RESPONSE_BYTES", fmt.Sprint(c.MaxStoredResponseBytes)), maxBufferedBytes)
+		k.bad("MAX_STORED_RESPONSE_BYTES=%q: at most %d (64 MiB): every answer being recorded may hold that much in memory, and each record is one Redis value",
+			k.value("MAX_STORED_RESPONSE_BYTES", fmt.Sprint(c.MaxStoredResponseBytes)), maxBufferedBytes)
 	}
 	if c.ReplayCacheBytes < 0 {
-		bad("REPLAY_CACHE_BYTES=%q: must not be negative (0 disables the cache)", value("REPLAY_CACHE_BYTES", fmt.Sprint(c.ReplayCacheBytes)))
+		k.bad("REPLAY_CACHE_BYTES=%q: must not be negative (0 disables the cache)", k.value("REPLAY_CACHE_BYTES", fmt.Sprint(c.ReplayCacheBytes)))
 	}
 	if c.MaxStoredResponseBytes < 0 {
-		bad("MAX_STORED_RESPONSE_BYTES=%q: must not be negative", value("MAX_STORED_RESPONSE_BYTES", fmt.Sprint(c.MaxStoredResponseBytes)))
+		k.bad("MAX_STORED_RESPONSE_BYTES=%q: must not be negative", k.value("MAX_STORED_RESPONSE_BYTES", fmt.Sprint(c.MaxStoredResponseBytes)))
 	}
+}
+
+// checkModes checks FAIL_MODE, ON_5XX and the log settings.
+func (c *Config) checkModes(k *checker) {
 	if c.FailMode != "closed" && c.FailMode != "open" {
-		bad("FAIL_MODE=%q: want closed or open", c.FailMode)
+		k.bad("FAIL_MODE=%q: want closed or open", c.FailMode)
 	}
 	if c.On5xx != "release" && c.On5xx != "store" {
-		bad("ON_5XX=%q: want release or store", c.On5xx)
+		k.bad("ON_5XX=%q: want release or store", c.On5xx)
 	}
 	if c.LogFormat != "json" && c.LogFormat != "console" {
-		bad("LOG_FORMAT=%q: want json or console", c.LogFormat)
+		k.bad("LOG_FORMAT=%q: want json or console", c.LogFormat)
 	}
 	lvl, err := zerolog.ParseLevel(strings.ToLower(c.LogLevel))
 	if err != nil || c.LogLevel == "" {
-		bad("LOG_LEVEL=%q: want trace, debug, info, warn, error, fatal, panic or disabled", c.LogLevel)
+		k.bad("LOG_LEVEL=%q: want trace, debug, info, warn, error, fatal, panic or disabled", c.LogLevel)
 	}
 	c.level = lvl
+}
 
+// checkRoutes checks ROUTES and each rule against the global settings.
+func (c *Config) checkRoutes(k *checker) {
 	routes, err := proxy.ParseRoutes(c.Routes)
 	if err != nil {
-		bad("%v", err)
+		k.bad("%v", err)
 	}
 	for _, rt := range routes {
 		if rt.LockTTL != nil && c.UpstreamTimeout >= *rt.LockTTL {
-			bad("ROUTES rule %q: lock=%s must be above UPSTREAM_TIMEOUT=%q", rt.Rule, rt.LockTTL.String(), c.UpstreamTimeout.String())
+			k.bad("ROUTES rule %q: lock=%s must be above UPSTREAM_TIMEOUT=%q", rt.Rule, rt.LockTTL.String(), c.UpstreamTimeout.String())
 		}
 		// The route's effective TTL must not be below its effective lock.
-		ttl, ttlFrom := c.TTL, "TTL="+value("TTL", c.TTL.String())
+		ttl, ttlFrom := c.TTL, "TTL="+k.value("TTL", c.TTL.String())
 		if rt.TTL != nil {
 			ttl, ttlFrom = *rt.TTL, "ttl="+rt.TTL.String()
 		}
-		lock, lockFrom := c.LockTTL, "LOCK_TTL="+value("LOCK_TTL", c.LockTTL.String())
+		lock, lockFrom := c.LockTTL, "LOCK_TTL="+k.value("LOCK_TTL", c.LockTTL.String())
 		if rt.LockTTL != nil {
 			lock, lockFrom = *rt.LockTTL, "lock="+rt.LockTTL.String()
 		}
 		if (rt.TTL != nil || rt.LockTTL != nil) && ttl > 0 && lock > 0 && ttl < lock {
-			bad("ROUTES rule %q: %s must not be below %s: a completed answer would be forgotten before an in-flight claim of the same key expires", rt.Rule, ttlFrom, lockFrom)
+			k.bad("ROUTES rule %q: %s must not be below %s: a completed answer would be forgotten before an in-flight claim of the same key expires", rt.Rule, ttlFrom, lockFrom)
 		}
 	}
 	c.routes = routes
+}
 
+// collectWarnings notes settings that are allowed but worth saying at
+// start and in /readyz.
+func (c *Config) collectWarnings() {
 	// Allowed, but worth saying at start and in /readyz.
 	recordWindow := func(lock time.Duration, where string) {
 		if lock > c.UpstreamTimeout && lock-c.UpstreamTimeout < minRecordWindow {
@@ -406,7 +454,7 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 		}
 	}
 	recordWindow(c.LockTTL, "LOCK_TTL="+c.LockTTL.String())
-	for _, rt := range routes {
+	for _, rt := range c.routes {
 		if rt.LockTTL != nil {
 			recordWindow(*rt.LockTTL, fmt.Sprintf("ROUTES rule %q", rt.Rule))
 		}
@@ -417,7 +465,6 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 	if c.FailMode == "open" {
 		c.warnings = append(c.warnings, "FAIL_MODE=open: while Redis is unreachable, requests are forwarded without any guarantee")
 	}
-	return p
 }
 
 // maxUpstreamIDBytes bounds UPSTREAM_ID.
