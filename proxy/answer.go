@@ -158,5 +158,8 @@ func (a answer) write(w http.ResponseWriter, res *result) {
 	if detail == "" {
 		detail = a.title + "."
 	}
+	if res.rc != nil {
+		res.arm()
+	}
 	writeProblem(w, a.status, a.typ, a.title, detail)
 }

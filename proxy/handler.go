@@ -215,19 +215,30 @@ type result struct {
 	// rc puts the write deadlines on the client connection: every answer is
 	// written under one, the final flush (after the handler returns)
 	// included; net/http lifts it once the answer is out.
-	rc       *http.ResponseController
-	hijacked bool // a protocol switch took the connection over: no deadlines
+	rc           *http.ResponseController
+	writeTimeout time.Duration
+	hijacked     bool // a protocol switch took the connection over: no deadlines
+}
+
+// arm gives the next write to the client UPSTREAM_TIMEOUT from now. Every
+// stage that writes arms first: a deadline set earlier may have been used
+// up by a wait (WAIT_TIMEOUT), a slow body or a long upload.
+func (res *result) arm() {
+	if !res.hijacked {
+		_ = res.rc.SetWriteDeadline(time.Now().Add(res.writeTimeout))
+	}
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	h.metrics.inflight.Inc()
-	res := result{route: "default", upstreamMS: -1, rc: http.NewResponseController(w)}
+	res := result{route: "default", upstreamMS: -1, rc: http.NewResponseController(w), writeTimeout: h.opts.UpstreamTimeout}
 	defer h.finish(r, &res, start)
 	// Every answer, the proxy's own problems included, is written under a
 	// deadline: a client that never reads (or pipelines and never reads)
-	// must not hold a connection. Stages that stream extend it per write.
-	_ = res.rc.SetWriteDeadline(start.Add(h.opts.UpstreamTimeout))
+	// must not hold a connection. Each stage re-arms it before it writes,
+	// and streams extend it per write.
+	res.arm()
 
 	pol := h.opts.Default
 	pol.Covered = h.methods[r.Method]
@@ -327,9 +338,7 @@ func (h *Handler) finish(r *http.Request, res *result, start time.Time) {
 		ev = ev.Float64("upstream_ms", res.upstreamMS)
 	}
 	ev.Float64("total_ms", float64(time.Since(start).Microseconds())/1000).Msg("request")
-	if !res.hijacked {
-		_ = res.rc.SetWriteDeadline(time.Now().Add(h.opts.UpstreamTimeout))
-	}
+	res.arm() // for the final flush, after the handler returns
 }
 
 // acquire claims the key; with a wait policy, a duplicate of an in-flight
@@ -432,6 +441,7 @@ func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record, res *result) 
 			hdr.Add("Trailer", name)
 		}
 	}
+	res.arm()
 	w.WriteHeader(rec.Status)
 	_, _ = w.Write(rec.Body) // a failed write means the client left; it can retry
 	for name, vv := range rec.Trailer {

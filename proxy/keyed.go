@@ -42,6 +42,7 @@ type exchange struct {
 	sent      atomic.Bool // the request's headers were written
 	keep      savedHeaders
 	onHeaders func() // arms the slow-client write deadline
+	arm       func() // arms the ordinary write deadline (for 1xx answers)
 }
 
 var capturePool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -54,6 +55,7 @@ func (ex *exchange) WriteHeader(code int) {
 	}
 	if code < 200 { // informational (103 Early Hints): pass on, not recorded
 		if ex.clientErr == nil {
+			ex.arm()
 			ex.w.WriteHeader(code)
 		}
 		return
@@ -166,6 +168,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	// the other half of UPSTREAM_TIMEOUT left for that.
 	upDeadline := start.Add(h.opts.UpstreamTimeout)
 	ex.onHeaders = func() { _ = res.rc.SetWriteDeadline(time.Now().Add(time.Until(upDeadline) / 2)) }
+	ex.arm = res.arm
 	aborted := h.forward(ex, out)
 	lg := hlog.FromRequest(r)
 	switch {

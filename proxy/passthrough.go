@@ -20,8 +20,7 @@ import (
 // (UPSTREAM_TIMEOUT per write); a stream that flows is never cut.
 func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *result, outcome string) {
 	res.outcome = outcome
-	sw := &statusWriter{ResponseWriter: w, keep: proxyHeaders(w.Header(), h.opts.KeyHeader), rc: res.rc, res: res,
-		writeTimeout: h.opts.UpstreamTimeout}
+	sw := &statusWriter{ResponseWriter: w, keep: proxyHeaders(w.Header(), h.opts.KeyHeader), rc: res.rc, res: res}
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	wd := &watchdog{timer: time.AfterFunc(h.opts.UpstreamTimeout, func() { cancel(errUpstreamStalled) }), d: h.opts.UpstreamTimeout}
@@ -110,12 +109,11 @@ func (s savedHeaders) restore(h http.Header) {
 // deadline on each write; Unwrap lets ReverseProxy flush through it.
 type statusWriter struct {
 	http.ResponseWriter
-	status       int
-	keep         savedHeaders
-	rc           *http.ResponseController
-	res          *result
-	writeTimeout time.Duration
-	body         *idleBody // the request body, when there is one
+	status int
+	keep   savedHeaders
+	rc     *http.ResponseController
+	res    *result
+	body   *idleBody // the request body, when there is one
 }
 
 func (s *statusWriter) WriteHeader(code int) {
@@ -123,6 +121,7 @@ func (s *statusWriter) WriteHeader(code int) {
 		s.status = code
 		s.keep.restore(s.ResponseWriter.Header())
 	}
+	s.res.arm()
 	s.ResponseWriter.WriteHeader(code)
 }
 
@@ -130,8 +129,14 @@ func (s *statusWriter) Write(p []byte) (int, error) {
 	if s.status == 0 {
 		s.status = http.StatusOK
 	}
-	_ = s.rc.SetWriteDeadline(time.Now().Add(s.writeTimeout))
+	s.res.arm()
 	return s.ResponseWriter.Write(p)
+}
+
+// FlushError is what http.ResponseController (used by ReverseProxy) calls.
+func (s *statusWriter) FlushError() error {
+	s.res.arm()
+	return s.rc.Flush()
 }
 
 // Hijack is how ReverseProxy takes the connection over for a protocol
@@ -157,10 +162,11 @@ func (h *Handler) plainError(w http.ResponseWriter, r *http.Request, err error) 
 		h.bodyTimeout(fmt.Sprintf("The request body stopped arriving for %v.", h.opts.RequestReadTimeout)).write(w, &result{})
 		return
 	}
+	neverLeft := isDialError(err)
 	if errors.Is(context.Cause(r.Context()), errUpstreamStalled) {
 		err = errUpstreamStalled // a timeout, not the "canceled" the Transport saw
 	}
-	a := upstreamAnswer(err, isDialError(err))
+	a := upstreamAnswer(err, neverLeft)
 	hlog.FromRequest(r).Warn().Err(err).Int("status", a.status).Msg("upstream request failed")
 	// The error text stays in the log: it names internal addresses.
 	a.write(w, &result{})
