@@ -187,13 +187,31 @@ func (k *checker) bad(format string, args ...any) {
 	k.problems = append(k.problems, fmt.Sprintf(format, args...))
 }
 
-// value is what the operator wrote, or the default (parsed) when unset.
+// value is what the operator wrote, or when unset the default as the
+// README writes it (60s, not 1m0s); parsed when there is neither.
 func (k *checker) value(name, parsed string) string {
 	if v := k.raw[name]; v != "" {
 		return v
 	}
+	if d, ok := envDefaults[name]; ok {
+		return d
+	}
 	return parsed
 }
+
+// envDefaults maps each variable to its envDefault tag.
+var envDefaults = func() map[string]string {
+	m := map[string]string{}
+	t := reflect.TypeFor[Config]()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		if d, ok := f.Tag.Lookup("envDefault"); ok && name != "" {
+			m[name] = d
+		}
+	}
+	return m
+}()
 
 // checkUpstream checks UPSTREAM_URL and UPSTREAM_ID.
 func (c *Config) checkUpstream(k *checker) {
@@ -202,7 +220,7 @@ func (c *Config) checkUpstream(k *checker) {
 		shown := redactURL(c.UpstreamURL)
 		switch {
 		case err != nil && shown != c.UpstreamURL:
-			k.bad("UPSTREAM_URL=%q: malformed URL", shown)
+			k.bad("UPSTREAM_URL=%q: malformed URL%s", shown, safeReason(c.UpstreamURL, err))
 		case err != nil:
 			k.bad("UPSTREAM_URL=%q: %v", shown, urlErrorReason(err))
 		case u.Scheme != "http" && u.Scheme != "https":
@@ -245,7 +263,7 @@ func (c *Config) checkRedis(k *checker) {
 			} else {
 				if shown := redactURL(c.RedisURL); shown != c.RedisURL {
 					// The parser's message may quote parts of the password.
-					k.bad("REDIS_URL=%q: malformed URL", shown)
+					k.bad("REDIS_URL=%q: malformed URL%s", shown, safeReason(c.RedisURL, err))
 				} else {
 					k.bad("REDIS_URL=%q: %v", shown, urlErrorReason(err))
 				}
@@ -507,6 +525,21 @@ const recordBudget = claim.CompleteBudget
 // minRecordWindow is the time a claim should have left after the longest
 // upstream call, for the completion and its retries.
 const minRecordWindow = 5 * time.Second
+
+// safeReason is ": " and the parser's reason for rejecting raw, when that
+// reason cannot quote the URL's credentials; "" otherwise.
+func safeReason(raw string, err error) string {
+	u, perr := url.Parse(raw)
+	if perr != nil || u.User == nil {
+		return "" // cannot tell the credentials apart: say nothing
+	}
+	reason := urlErrorReason(err).Error()
+	pw, _ := u.User.Password()
+	if (pw != "" && strings.Contains(reason, pw)) || (u.User.Username() != "" && strings.Contains(reason, u.User.Username())) {
+		return ""
+	}
+	return ": " + reason
+}
 
 // urlErrorReason drops the URL that *url.Error repeats (it would show a
 // password) and keeps the reason.

@@ -401,3 +401,17 @@ func TestLoadConfigNormalisesAndWarns(t *testing.T) {
 		t.Errorf("defaults: warnings %q, err %v; want none", def.warnings, err)
 	}
 }
+
+// TestConfigErrorsQuoteDefaultsAsWritten: a default the operator never set
+// is quoted as the README writes it (60s, not 1m0s), and a malformed
+// REDIS_URL says why when the reason cannot leak its password.
+func TestConfigErrorsQuoteDefaultsAsWritten(t *testing.T) {
+	_, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9000", "UPSTREAM_TIMEOUT=90s"})
+	if err == nil || !strings.Contains(err.Error(), `LOCK_TTL="60s"`) || strings.Contains(err.Error(), "1m0s\"") {
+		t.Errorf("error %v: want the default quoted as LOCK_TTL=\"60s\"", err)
+	}
+	_, err = loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9000", "REDIS_URL=redis://:s3cret@127.0.0.1:1/x"})
+	if err == nil || !strings.Contains(err.Error(), "invalid database number") || strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("error %v: want the reason (database number), never the password", err)
+	}
+}

@@ -208,7 +208,7 @@ func (a *app) serve(srv *http.Server, l net.Listener) {
 // returns only after recording), then closes Redis. It fails if the timeout
 // ran out first.
 func (a *app) shutdown(timeout time.Duration) error {
-	a.logger.Info().Dur("timeout", timeout).Msg("shutting down: finishing in-flight requests")
+	a.logger.Info().Str("timeout", timeout.String()).Msg("shutting down: finishing in-flight requests")
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	a.handler.StopWaiting()
