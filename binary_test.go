@@ -36,7 +36,7 @@ func TestBinary(t *testing.T) {
 		listen := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
 		admin := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
 		p := startBinary(t, bin, "UPSTREAM_URL="+up.URL, "REDIS_URL="+srv.URL(),
-			"LISTEN_ADDR="+listen, "ADMIN_ADDR="+admin, "UPSTREAM_TIMEOUT=10s", "REQUEST_READ_TIMEOUT=1s", "SHUTDOWN_TIMEOUT=21s")
+			"LISTEN_ADDR="+listen, "ADMIN_ADDR="+admin, "UPSTREAM_TIMEOUT=10s", "REQUEST_READ_TIMEOUT=1s", "SHUTDOWN_TIMEOUT=27s")
 		c := newClient(t)
 		waitStatus(t, c, "http://"+admin+"/readyz", http.StatusOK, 10*time.Second)
 
@@ -101,7 +101,7 @@ func TestBinary(t *testing.T) {
 		listen := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
 		admin := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
 		p := startBinary(t, bin, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR="+listen, "ADMIN_ADDR="+admin,
-			"UPSTREAM_TIMEOUT=1s", "REQUEST_READ_TIMEOUT=1s", "LOCK_TTL=10s", "SHUTDOWN_TIMEOUT=12s")
+			"UPSTREAM_TIMEOUT=1s", "REQUEST_READ_TIMEOUT=1s", "LOCK_TTL=10s", "SHUTDOWN_TIMEOUT=18s")
 		c := newClient(t)
 		waitStatus(t, c, "http://"+admin+"/readyz", http.StatusOK, 10*time.Second)
 
@@ -122,7 +122,7 @@ func TestBinary(t *testing.T) {
 			t.Errorf("exit code: got %v, want non-zero", got)
 		}
 		if took := time.Since(signalled); took < 10*time.Second {
-			t.Errorf("exited %v after SIGTERM, want about SHUTDOWN_TIMEOUT=12s", took)
+			t.Errorf("exited %v after SIGTERM, want about SHUTDOWN_TIMEOUT=18s", took)
 		}
 		if got := p.stderr.String(); !strings.Contains(got, "SHUTDOWN_TIMEOUT") {
 			t.Errorf("stderr: got %q, want it to name SHUTDOWN_TIMEOUT", got)

@@ -380,11 +380,12 @@ func (c *Config) checkTimeouts(k *checker) {
 		k.bad("UPSTREAM_TIMEOUT=%q must be below LOCK_TTL=%q: otherwise a request still running could lose its claim and execute twice",
 			k.value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()), k.value("LOCK_TTL", c.LockTTL.String()))
 	}
-	if need := c.RequestReadTimeout + c.UpstreamTimeout + recordBudget; c.UpstreamTimeout > 0 && c.RequestReadTimeout > 0 && c.ShutdownTimeout > 0 && c.ShutdownTimeout < need {
-		k.bad("SHUTDOWN_TIMEOUT=%q must be at least REQUEST_READ_TIMEOUT=%q + UPSTREAM_TIMEOUT=%q + %v: on SIGTERM a keyed request in flight may still be receiving its body, then wait UPSTREAM_TIMEOUT for its answer and up to %v to record it; "+
+	if need := shutdownHeaderWindow + c.RequestReadTimeout + c.UpstreamTimeout + recordBudget; c.UpstreamTimeout > 0 && c.RequestReadTimeout > 0 && c.ShutdownTimeout > 0 && c.ShutdownTimeout < need {
+		k.bad("SHUTDOWN_TIMEOUT=%q must be at least REQUEST_READ_TIMEOUT=%q + UPSTREAM_TIMEOUT=%q + %v: on SIGTERM a connection accepted just before may still send its request for %v, "+
+			"a keyed request may then still be receiving its body, wait UPSTREAM_TIMEOUT for its answer and up to %v to record it; "+
 			"a shorter SHUTDOWN_TIMEOUT exits with its claim in flight, and the client's retry executes again after LOCK_TTL. Raise SHUTDOWN_TIMEOUT to %v or more (and the pod's termination grace period above it)",
 			k.value("SHUTDOWN_TIMEOUT", c.ShutdownTimeout.String()), k.value("REQUEST_READ_TIMEOUT", c.RequestReadTimeout.String()),
-			k.value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()), recordBudget, recordBudget, need)
+			k.value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()), shutdownHeaderWindow+recordBudget, shutdownHeaderWindow, recordBudget, need)
 	}
 	if c.TTL > 0 && c.LockTTL > 0 && c.TTL < c.LockTTL {
 		k.bad("TTL=%q must not be below LOCK_TTL=%q: a completed answer would be forgotten before an in-flight claim of the same key expires",
@@ -517,6 +518,11 @@ func deriveUpstreamID(u *url.URL) string {
 // each keyed request in flight may buffer its body, and each answer being
 // recorded its body, in memory; records are single Redis values.
 const maxBufferedBytes = 64 << 20
+
+// shutdownHeaderWindow: http.Server.Shutdown keeps a new connection that
+// has not sent its request yet until it is 5s old (counted in whole
+// seconds); a request that arrives in that window is served, and may claim.
+const shutdownHeaderWindow = 6 * time.Second
 
 // recordBudget is how long the proxy may spend recording one answer after
 // the upstream answered, retries included.

@@ -45,7 +45,7 @@ func TestTTLNotBelowLock(t *testing.T) {
 		want []string
 	}{
 		{"global", []string{up, "TTL=30s", "LOCK_TTL=60s", "SHUTDOWN_TIMEOUT=60s"}, []string{`TTL="30s"`, `LOCK_TTL="60s"`}},
-		{"route ttl below global lock", []string{up, "ROUTES=POST /a ttl=30s"}, []string{`ROUTES rule "POST /a ttl=30s"`, "ttl=30s", "LOCK_TTL=1m0s"}},
+		{"route ttl below global lock", []string{up, "ROUTES=POST /a ttl=30s"}, []string{`ROUTES rule "POST /a ttl=30s"`, "ttl=30s", "LOCK_TTL=60s"}},
 		{"route ttl below route lock", []string{up, "ROUTES=POST /a ttl=1m lock=2m"}, []string{`ROUTES rule "POST /a ttl=1m lock=2m"`, "ttl=1m0s", "lock=2m0s"}},
 		{"route lock above global TTL", []string{up, "TTL=90s", "ROUTES=POST /a lock=2m"}, []string{`ROUTES rule "POST /a lock=2m"`, "TTL=90s", "lock=2m0s"}},
 	}
@@ -216,11 +216,11 @@ func TestLoadConfigErrors(t *testing.T) {
 		},
 		{
 			name: "SHUTDOWN_TIMEOUT cannot cover UPSTREAM_TIMEOUT and recording", env: []string{up, "SHUTDOWN_TIMEOUT=30s", "UPSTREAM_TIMEOUT=30s"},
-			want: []string{`SHUTDOWN_TIMEOUT="30s"`, `REQUEST_READ_TIMEOUT="10s"`, `UPSTREAM_TIMEOUT="30s"`, "record", "50s"},
+			want: []string{`SHUTDOWN_TIMEOUT="30s"`, `REQUEST_READ_TIMEOUT="10s"`, `UPSTREAM_TIMEOUT="30s"`, "record", "56s"},
 		},
 		{
-			name: "SHUTDOWN_TIMEOUT below the default REQUEST_READ_TIMEOUT, UPSTREAM_TIMEOUT and recording", env: []string{up, "SHUTDOWN_TIMEOUT=49s"},
-			want: []string{`SHUTDOWN_TIMEOUT="49s"`, `UPSTREAM_TIMEOUT="30s"`},
+			name: "SHUTDOWN_TIMEOUT below the default REQUEST_READ_TIMEOUT, UPSTREAM_TIMEOUT and recording", env: []string{up, "SHUTDOWN_TIMEOUT=55s"},
+			want: []string{`SHUTDOWN_TIMEOUT="55s"`, `UPSTREAM_TIMEOUT="30s"`},
 		},
 		{name: "route unknown option", env: []string{up, "ROUTES=POST /v1/orders bogus"}, want: []string{`ROUTES rule "POST /v1/orders bogus"`}},
 		{name: "route lower-case method", env: []string{up, "ROUTES=post /v1/orders"}, want: []string{`ROUTES rule "post /v1/orders"`}},

@@ -63,7 +63,7 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	up := newUpstream(t)
 	listen := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
 	admin := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
-	env := []string{"UPSTREAM_URL=" + up.URL, "LISTEN_ADDR=" + listen, "ADMIN_ADDR=" + admin, "UPSTREAM_TIMEOUT=5s", "REQUEST_READ_TIMEOUT=1s", "SHUTDOWN_TIMEOUT=16s"}
+	env := []string{"UPSTREAM_URL=" + up.URL, "LISTEN_ADDR=" + listen, "ADMIN_ADDR=" + admin, "UPSTREAM_TIMEOUT=5s", "REQUEST_READ_TIMEOUT=1s", "SHUTDOWN_TIMEOUT=22s"}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var stdout, stderr testutil.SyncBuffer

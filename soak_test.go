@@ -122,7 +122,7 @@ func (f *soakFleet) start(p *soakProc) {
 		"LOCK_TTL=" + soakLockTTL.String(),
 		"UPSTREAM_TIMEOUT=" + soakUpstreamTimeout.String(),
 		"REQUEST_READ_TIMEOUT=1s",
-		"SHUTDOWN_TIMEOUT=12s", // at least REQUEST_READ_TIMEOUT + UPSTREAM_TIMEOUT + 10s, or the proxy refuses to start
+		"SHUTDOWN_TIMEOUT=18s", // at least REQUEST_READ_TIMEOUT + UPSTREAM_TIMEOUT + 16s, or the proxy refuses to start
 		"LOG_LEVEL=warn",
 	}
 	cmd.Stdout, cmd.Stderr = out, out

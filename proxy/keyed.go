@@ -84,6 +84,12 @@ func (ex *exchange) Write(p []byte) (int, error) {
 		}
 	}
 	if ex.clientErr == nil {
+		// Each write gets half of the time left: a client that keeps up is
+		// never cut, one that stalls is cut while there is still time to
+		// read the rest of the answer and record it.
+		if ex.onHeaders != nil {
+			ex.onHeaders()
+		}
 		if _, err := ex.w.Write(p); err != nil {
 			ex.clientErr = err
 		}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,7 +27,10 @@ func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *resul
 	defer cancel(nil)
 	wd := &watchdog{timer: time.AfterFunc(h.opts.UpstreamTimeout, func() { cancel(errUpstreamStalled) }), d: h.opts.UpstreamTimeout}
 	defer wd.stop()
-	r = r.WithContext(context.WithValue(ctx, watchdogKey{}, wd))
+	ctx = httptrace.WithClientTrace(context.WithValue(ctx, watchdogKey{}, wd), &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { wd.gotConn.Store(true) },
+	})
+	r = r.WithContext(ctx)
 	if r.Body != nil && r.Body != http.NoBody {
 		sw.body = &idleBody{ReadCloser: r.Body, rc: res.rc, timeout: h.opts.RequestReadTimeout, wd: wd}
 		r.Body = sw.body
@@ -55,9 +60,12 @@ type watchdogKey struct{}
 // and stops when the answer's headers arrive. Transport's
 // ResponseHeaderTimeout alone starts only once the whole body was written.
 type watchdog struct {
-	timer *time.Timer
-	d     time.Duration
-	done  atomic.Bool
+	timer   *time.Timer
+	d       time.Duration
+	gotConn atomic.Bool // a connection was obtained: the request may have left
+
+	mu   sync.Mutex // orders resume against stop: a resume after stop would cut a download
+	done bool
 }
 
 // pause is called while the body is read from the client: a slow client is
@@ -65,13 +73,17 @@ type watchdog struct {
 func (wd *watchdog) pause() { wd.timer.Stop() }
 
 func (wd *watchdog) resume() {
-	if !wd.done.Load() {
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	if !wd.done {
 		wd.timer.Reset(wd.d)
 	}
 }
 
 func (wd *watchdog) stop() {
-	wd.done.Store(true)
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	wd.done = true
 	wd.timer.Stop()
 }
 
@@ -163,6 +175,9 @@ func (h *Handler) plainError(w http.ResponseWriter, r *http.Request, err error) 
 		return
 	}
 	neverLeft := isDialError(err)
+	if wd, ok := r.Context().Value(watchdogKey{}).(*watchdog); ok && !wd.gotConn.Load() {
+		neverLeft = true // no connection was obtained (a dial the watchdog cut, too)
+	}
 	if errors.Is(context.Cause(r.Context()), errUpstreamStalled) {
 		err = errUpstreamStalled // a timeout, not the "canceled" the Transport saw
 	}

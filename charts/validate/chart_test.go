@@ -469,7 +469,7 @@ func TestTerminationGrace(t *testing.T) {
 	}{
 		{nil, 75},
 		{[]string{"--set", "config.shutdownTimeout=1m30s"}, 105},
-		{[]string{"--set", "config.upstreamTimeout=1s,config.requestReadTimeout=1s,config.shutdownTimeout=12500ms"}, 28},
+		{[]string{"--set", "config.upstreamTimeout=1s,config.requestReadTimeout=1s,config.shutdownTimeout=18500ms"}, 34},
 		{[]string{"--set", "terminationGracePeriodSeconds=61"}, 61},
 	}
 	for _, tt := range tests {
@@ -493,7 +493,7 @@ func TestRenderFails(t *testing.T) {
 		{"embedded Redis with 3 replicas", []string{"--set", "replicaCount=3"}, "embedded Redis with replicaCount=3"},
 		{"embedded Redis with autoscaling", []string{"--set", "autoscaling.enabled=true"}, "embedded Redis with autoscaling.enabled=true"},
 		{"grace not above shutdown", []string{"--set", "terminationGracePeriodSeconds=45"}, "must be above config.shutdownTimeout"},
-		{"shutdown cannot cover upstream and recording", []string{"--set", "config.shutdownTimeout=30s"}, "must be at least config.requestReadTimeout (REQUEST_READ_TIMEOUT=10s) + config.upstreamTimeout (UPSTREAM_TIMEOUT=30s) + 10s"},
+		{"shutdown cannot cover upstream and recording", []string{"--set", "config.shutdownTimeout=30s"}, "must be at least config.requestReadTimeout (REQUEST_READ_TIMEOUT=10s) + config.upstreamTimeout (UPSTREAM_TIMEOUT=30s) + 16s"},
 		{"upgrade with options", []string{"--set", "config.routes[0].method=GET,config.routes[0].pattern=/ws,config.routes[0].upgrade=true,config.routes[0].required=true"}, "off means plain pass-through"},
 		{"upstream timeout not below lock TTL", []string{"--set", "config.upstreamTimeout=60s"}, "must be below config.lockTTL"},
 		{"route lock below upstream timeout", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].lock=10s"}, "must be above config.upstreamTimeout"},

@@ -266,8 +266,8 @@ Render-time checks. Each fails with a message that names the value to change.
 {{- end }}
 {{- $shutdown := include "idemproxy.durationSeconds" (dict "name" "config.shutdownTimeout (SHUTDOWN_TIMEOUT)" "value" $c.shutdownTimeout) | float64 }}
 {{- $read := include "idemproxy.durationSeconds" (dict "name" "config.requestReadTimeout (REQUEST_READ_TIMEOUT)" "value" $c.requestReadTimeout) | float64 }}
-{{- if lt $shutdown (addf $read $upstream 10.0) }}
-{{- fail (printf "config.shutdownTimeout (SHUTDOWN_TIMEOUT=%s) must be at least config.requestReadTimeout (REQUEST_READ_TIMEOUT=%s) + config.upstreamTimeout (UPSTREAM_TIMEOUT=%s) + 10s: on SIGTERM a keyed request in flight may still be receiving its body, then wait UPSTREAM_TIMEOUT for its answer and up to 10s to record it; a shorter shutdown leaves its claim in flight and the retry executes again after LOCK_TTL (the proxy refuses to start with it)" $c.shutdownTimeout $c.requestReadTimeout $c.upstreamTimeout) }}
+{{- if lt $shutdown (addf $read $upstream 16.0) }}
+{{- fail (printf "config.shutdownTimeout (SHUTDOWN_TIMEOUT=%s) must be at least config.requestReadTimeout (REQUEST_READ_TIMEOUT=%s) + config.upstreamTimeout (UPSTREAM_TIMEOUT=%s) + 16s: on SIGTERM a request may still arrive for 6s on a connection accepted just before, may then still be receiving its body, wait UPSTREAM_TIMEOUT for its answer and up to 10s to record it; a shorter shutdown leaves its claim in flight and the retry executes again after LOCK_TTL (the proxy refuses to start with it)" $c.shutdownTimeout $c.requestReadTimeout $c.upstreamTimeout) }}
 {{- end }}
 {{- range $i, $r := $c.routes }}
 {{- if $r.lock }}
