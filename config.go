@@ -54,6 +54,7 @@ type Config struct {
 	FailMode               string        `env:"FAIL_MODE" envDefault:"closed"`
 	WaitTimeout            time.Duration `env:"WAIT_TIMEOUT" envDefault:"0s"`
 	On5xx                  string        `env:"ON_5XX" envDefault:"release"`
+	Fingerprint            string        `env:"FINGERPRINT" envDefault:"strict"`
 	Routes                 string        `env:"ROUTES"`
 	LogLevel               string        `env:"LOG_LEVEL" envDefault:"info"`
 	LogFormat              string        `env:"LOG_FORMAT" envDefault:"json"`
@@ -69,6 +70,7 @@ type Config struct {
 	upstreamID string
 	routes     []proxy.Route
 	level      zerolog.Level
+	fp         proxy.Fingerprint
 }
 
 // loadConfig parses and validates the environment (KEY=value entries, as
@@ -419,6 +421,11 @@ func (c *Config) checkSizes(k *checker) {
 
 // checkModes checks FAIL_MODE, ON_5XX and the log settings.
 func (c *Config) checkModes(k *checker) {
+	if fp, err := proxy.ParseFingerprint(c.Fingerprint); err != nil {
+		k.bad("FINGERPRINT=%v", err)
+	} else {
+		c.fp = fp
+	}
 	if c.FailMode != "closed" && c.FailMode != "open" {
 		k.bad("FAIL_MODE=%q: want closed or open", c.FailMode)
 	}
@@ -585,5 +592,7 @@ func (c *Config) policy() proxy.Policy {
 		Wait:     c.WaitTimeout,
 		FailOpen: c.FailMode == "open",
 		Store5xx: c.On5xx == "store",
+		// The global profile; a route's fingerprint= overrides it.
+		Fingerprint: c.fp,
 	}
 }

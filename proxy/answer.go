@@ -41,12 +41,19 @@ func upgradeRefused(protocols string) answer {
 
 // keyAnswer: the stage that reads the key. err is parseKey's.
 func (h *Handler) keyAnswer(err error, pol Policy, method string) answer {
+	var part *errPartInvalid
 	switch {
+	case errors.Is(err, errNoKey) && pol.Required && pol.Key != nil:
+		return answer{status: http.StatusBadRequest, outcome: outcomeInvalid, typ: typeKeyMissing, title: "Idempotency key is missing",
+			detail: "This route requires a key from key=" + pol.Key.Text + " on " + method + " requests, and none of its parts were found."}
 	case errors.Is(err, errNoKey) && pol.Required:
 		return answer{status: http.StatusBadRequest, outcome: outcomeInvalid, typ: typeKeyMissing, title: h.titleMis,
 			detail: "This route requires an " + h.opts.KeyHeader + " header on " + method + " requests."}
 	case errors.Is(err, errNoKey):
 		return answer{outcome: outcomeNoKey}
+	case errors.As(err, &part):
+		return answer{status: http.StatusBadRequest, outcome: outcomeInvalid, typ: typeKeyInvalid,
+			title: "Idempotency key is invalid", detail: part.msg + "."}
 	}
 	return answer{status: http.StatusBadRequest, outcome: outcomeInvalid, typ: typeKeyInvalid,
 		title: h.opts.KeyHeader + " is invalid", detail: err.Error() + "."}
@@ -75,13 +82,18 @@ func (h *Handler) bodyTimeout(detail string) answer {
 // claimAnswer: the stage that claims the key, for every error Acquire
 // returns. clientGone is the request context's error.
 func (h *Handler) claimAnswer(err, clientGone error, pol Policy) answer {
+	compared := [...]string{
+		FingerprintStrict: "another method, path, query or body (fingerprint=strict)",
+		FingerprintJSON:   "another method, path, set of query parameters or JSON body (fingerprint=json: member order and whitespace do not count)",
+		FingerprintNone:   "another method or path (fingerprint=none)",
+	}[pol.Fingerprint]
 	switch {
 	case errors.Is(err, claim.ErrOtherUpstream):
 		return answer{status: http.StatusUnprocessableEntity, outcome: outcomeMismatch, typ: typeKeyReused, title: h.titleUse,
 			detail: "This key was first used for a request to another upstream service."}
 	case errors.Is(err, claim.ErrMismatch):
 		return answer{status: http.StatusUnprocessableEntity, outcome: outcomeMismatch, typ: typeKeyReused, title: h.titleUse,
-			detail: "This key was first used for a request with another method, path, query or body."}
+			detail: "This key was first used for a request with " + compared + "."}
 	case errors.Is(err, claim.ErrInFlight):
 		return answer{status: http.StatusConflict, outcome: outcomeInFlight, typ: typeRequestOutstanding, title: h.titleOut,
 			detail: "The first request with this key has not finished yet; retry later to get its answer.", retryAfter: true}

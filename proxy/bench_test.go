@@ -28,7 +28,7 @@ func BenchmarkParseKeyAndFingerprint(b *testing.B) {
 		if _, err := parseKey(vals, 255); err != nil {
 			b.Fatal(err)
 		}
-		_ = fingerprint(r, body)
+		_ = fingerprint(r, body, FingerprintStrict)
 	}
 }
 

@@ -5,7 +5,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -217,8 +216,16 @@ type result struct {
 	// included; net/http lifts it once the answer is out.
 	rc           *http.ResponseController
 	writeTimeout time.Duration
-	hijacked     bool // a protocol switch took the connection over: no deadlines
+	hijacked     bool   // a protocol switch took the connection over: no deadlines
+	keySource    string // keySourceHeader, keySourceDerived or keySourceNone
 }
+
+// The key_source label and access-log field: a fixed set.
+const (
+	keySourceNone    = "none"    // no key: not covered, or no key sent
+	keySourceHeader  = "header"  // IDEMPOTENCY_HEADER
+	keySourceDerived = "derived" // a route's key=SOURCE
+)
 
 // arm gives the next write to the client UPSTREAM_TIMEOUT from now. Every
 // stage that writes arms first: a deadline set earlier may have been used
@@ -232,7 +239,7 @@ func (res *result) arm() {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	h.metrics.inflight.Inc()
-	res := result{route: "default", upstreamMS: -1, rc: http.NewResponseController(w), writeTimeout: h.opts.UpstreamTimeout}
+	res := result{route: "default", upstreamMS: -1, rc: http.NewResponseController(w), writeTimeout: h.opts.UpstreamTimeout, keySource: keySourceNone}
 	defer h.finish(r, &res, start)
 	// Every answer, the proxy's own problems included, is written under a
 	// deadline: a client that never reads (or pipelines and never reads)
@@ -268,27 +275,59 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	key, err := parseKey(r.Header.Values(h.opts.KeyHeader), h.opts.MaxKeyLength)
+	var (
+		key      string
+		body     []byte
+		bodyRead bool
+		err      error
+	)
+	if ks := pol.Key; ks != nil {
+		res.keySource = keySourceDerived
+		if ks.needsBody {
+			// The key is in the body: it is read (and MAX_BODY_BYTES applies)
+			// before the key, whether or not it holds one.
+			if body, err = readBody(w, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout); err != nil {
+				h.bodyAnswer(err).write(w, &res)
+				return
+			}
+			bodyRead = true
+		}
+		key, err = ks.derive(r, body, h.opts.MaxKeyLength)
+	} else {
+		res.keySource = keySourceHeader
+		key, err = parseKey(r.Header.Values(h.opts.KeyHeader), h.opts.MaxKeyLength)
+	}
 	if err != nil {
 		if a := h.keyAnswer(err, pol, r.Method); a.forwarded() {
+			res.keySource = keySourceNone
+			if bodyRead {
+				r.Body = bodyReader(body)
+			}
 			h.passthrough(w, r, &res, a.outcome)
 		} else {
 			a.write(w, &res)
 		}
 		return
 	}
-	// Stripe echoes the key on every answer to a keyed request.
-	// (The request's own one-element slice: parseKey saw exactly one value.)
-	w.Header()[h.opts.KeyHeader] = r.Header.Values(h.opts.KeyHeader)
-
-	body, err := readBody(w, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout)
-	if err != nil {
-		h.bodyAnswer(err).write(w, &res)
-		return
+	if pol.Key == nil {
+		// Stripe echoes the key on every answer to a keyed request; a key
+		// derived from the message is not echoed. (The request's own
+		// one-element slice: parseKey saw exactly one value.)
+		w.Header()[h.opts.KeyHeader] = r.Header.Values(h.opts.KeyHeader)
 	}
-	fp := fingerprint(r, body)
+	if !bodyRead {
+		if body, err = readBody(w, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout); err != nil {
+			h.bodyAnswer(err).write(w, &res)
+			return
+		}
+	}
+	fp := fingerprint(r, body, pol.Fingerprint)
+	scopeNames := h.opts.ScopeHeaders
+	if pol.ScopeSet {
+		scopeNames = pol.Scope
+	}
 	var scopeBuf [4]string
-	k := claim.NewKey(h.scope(r, scopeBuf[:]), key)
+	k := claim.NewKey(scopeValues(r, scopeNames, scopeBuf[:]), key)
 	res.keyHash = k.String()
 
 	lease, rec, err := h.acquire(r.Context(), k, fp, pol)
@@ -324,13 +363,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // gives the final flush of the answer a deadline of its own.
 func (h *Handler) finish(r *http.Request, res *result, start time.Time) {
 	h.metrics.inflight.Dec()
-	h.metrics.count(h.metrics.requests, "requests", res.route, res.outcome)
+	h.metrics.countRequest(res.route, res.outcome, res.keySource)
 	h.metrics.count(h.metrics.responses, "responses", res.route, statusText(res.status))
 	ev := hlog.FromRequest(r).Info().
 		Str("method", r.Method).
 		Str("route", res.route).
 		Int("status", res.status).
-		Str("outcome", res.outcome)
+		Str("outcome", res.outcome).
+		Str("key_source", res.keySource)
 	if res.keyHash != "" {
 		ev = ev.Str("key_hash", res.keyHash)
 	}
@@ -377,39 +417,18 @@ func (h *Handler) acquire(ctx context.Context, k claim.Key, fp claim.Fingerprint
 	}
 }
 
-// fingerprint is SHA-256 over the method, the escaped path, the raw query as
-// sent (not reordered) and the body; NUL separates the fields, which none of
-// the first three can contain.
-func fingerprint(r *http.Request, body []byte) claim.Fingerprint {
-	var stack [4096]byte // small requests are hashed in one go, without allocating
-	b := append(stack[:0], r.Method...)
-	b = append(b, 0)
-	b = append(b, r.URL.EscapedPath()...)
-	b = append(b, 0)
-	b = append(b, r.URL.RawQuery...)
-	b = append(b, 0)
-	if len(b)+len(body) <= len(stack) {
-		return sha256.Sum256(append(b, body...))
-	}
-	h := sha256.New()
-	h.Write(b)
-	h.Write(body)
-	var fp claim.Fingerprint
-	h.Sum(fp[:0])
-	return fp
-}
-
 // replayedTrue is shared by every replay; nothing appends to it.
 var replayedTrue = []string{"true"}[:1:1]
 
-// scope returns the SCOPE_HEADERS values, one entry per header (all its
+// scopeValues returns the scope headers' values (SCOPE_HEADERS, or the
+// route's scope=), one entry per header (all its
 // values joined), "" for an absent header.
-func (h *Handler) scope(r *http.Request, buf []string) []string {
+func scopeValues(r *http.Request, names, buf []string) []string {
 	vals := buf[:0]
-	for range h.opts.ScopeHeaders {
+	for range names {
 		vals = append(vals, "")
 	}
-	for i, name := range h.opts.ScopeHeaders {
+	for i, name := range names {
 		switch vv := r.Header.Values(name); len(vv) {
 		case 0:
 		case 1:

@@ -42,19 +42,29 @@ type Metrics struct {
 	cacheHits        prometheus.Counter
 
 	mu      sync.RWMutex
-	counted map[[3]string]prometheus.Counter // (family, route, label) -> series
+	counted map[[4]string]prometheus.Counter // (family, route, label, key source) -> series
+}
+
+// countRequest increments idemproxy_requests_total.
+func (m *Metrics) countRequest(route, outcome, keySource string) {
+	m.countKey([4]string{"requests", route, outcome, keySource}, func() prometheus.Counter {
+		return m.requests.WithLabelValues(route, outcome, keySource)
+	})
 }
 
 // count increments a request or response series. The series are looked up
 // by label values once and kept: WithLabelValues hashes its labels on every
 // call, and there are few combinations (routes are ROUTES patterns).
 func (m *Metrics) count(vec *prometheus.CounterVec, family, route, label string) {
-	k := [3]string{family, route, label}
+	m.countKey([4]string{family, route, label}, func() prometheus.Counter { return vec.WithLabelValues(route, label) })
+}
+
+func (m *Metrics) countKey(k [4]string, series func() prometheus.Counter) {
 	m.mu.RLock()
 	c, ok := m.counted[k]
 	m.mu.RUnlock()
 	if !ok {
-		c = vec.WithLabelValues(route, label)
+		c = series()
 		m.mu.Lock()
 		m.counted[k] = c
 		m.mu.Unlock()
@@ -65,11 +75,11 @@ func (m *Metrics) count(vec *prometheus.CounterVec, family, route, label string)
 // NewMetrics creates the series and registers them with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		counted: map[[3]string]prometheus.Counter{},
+		counted: map[[4]string]prometheus.Counter{},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_requests_total",
-			Help: "Requests handled, by ROUTES pattern (\"default\" when no rule matched) and outcome.",
-		}, []string{"route", "outcome"}),
+			Help: "Requests handled, by ROUTES pattern (\"default\" when no rule matched), outcome and where the key came from (header, derived, none).",
+		}, []string{"route", "outcome", "key_source"}),
 		responses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_responses_total",
 			Help: "Responses sent, by ROUTES pattern and HTTP status code.",

@@ -23,22 +23,32 @@ type Policy struct {
 	FailOpen bool          // Redis unreachable: forward without guarantee
 	Store5xx bool          // record 5xx answers instead of releasing the key
 	Upgrade  bool          // rule says "upgrade" (implies off): protocol switches (WebSocket) are tunnelled
+	// Key, when set, derives the key from the request (key=SOURCE) instead
+	// of reading IDEMPOTENCY_HEADER.
+	Key *KeySource
+	// Scope, when ScopeSet, replaces SCOPE_HEADERS (scope=; empty: no scope).
+	Scope       []string
+	ScopeSet    bool
+	Fingerprint Fingerprint // FINGERPRINT, or fingerprint=
 }
 
 // Route is one parsed ROUTES rule. Nil option fields inherit the global
 // setting.
 type Route struct {
-	Method   string
-	Pattern  string
-	Rule     string // the rule as written, for error messages
-	TTL      *time.Duration
-	LockTTL  *time.Duration
-	Wait     *time.Duration
-	Required bool
-	Off      bool
-	FailOpen *bool
-	Store5xx *bool
-	Upgrade  bool
+	Method      string
+	Pattern     string
+	Rule        string // the rule as written, for error messages
+	TTL         *time.Duration
+	LockTTL     *time.Duration
+	Wait        *time.Duration
+	Required    bool
+	Off         bool
+	FailOpen    *bool
+	Store5xx    *bool
+	Upgrade     bool
+	Key         *KeySource
+	Scope       *[]string
+	Fingerprint *Fingerprint
 }
 
 // apply returns base with the rule's options on top. A rule names its
@@ -64,6 +74,15 @@ func (rt *Route) apply(base Policy) Policy {
 	if rt.Store5xx != nil {
 		p.Store5xx = *rt.Store5xx
 	}
+	if rt.Key != nil {
+		p.Key = rt.Key
+	}
+	if rt.Scope != nil {
+		p.Scope, p.ScopeSet = *rt.Scope, true
+	}
+	if rt.Fingerprint != nil {
+		p.Fingerprint = *rt.Fingerprint
+	}
 	return p
 }
 
@@ -75,7 +94,8 @@ var routeMethods = map[string]bool{
 
 // ParseRoutes parses the ROUTES variable: rules separated by ";", each a
 // method, a chi route pattern and options (ttl=DUR lock=DUR wait=DUR
-// required off upgrade fail=open|closed on5xx=release|store). Errors quote the rule.
+// required off upgrade fail=open|closed on5xx=release|store key=SOURCE
+// scope=H1,H2 fingerprint=strict|json|none). Errors quote the rule.
 func ParseRoutes(spec string) ([]Route, error) {
 	var routes []Route
 	seen := map[string]string{}
@@ -167,8 +187,37 @@ func parseRule(rule string) (Route, error) {
 				return Route{}, fmt.Errorf("option on5xx=%q: want on5xx=release or on5xx=store", val)
 			}
 			rt.Store5xx = &b
+		case "key":
+			if !hasVal {
+				return Route{}, fmt.Errorf("option key needs a SOURCE, e.g. key=github or key=header:X-Event-Id")
+			}
+			ks, err := ParseKeySource(val)
+			if err != nil {
+				return Route{}, fmt.Errorf("option key=%s: %w", val, err)
+			}
+			rt.Key = ks
+		case "scope":
+			if !hasVal {
+				return Route{}, fmt.Errorf("option scope needs header names, e.g. scope=X-Tenant-Id, or scope= for no scope")
+			}
+			names := []string{}
+			if val != "" {
+				for n := range strings.SplitSeq(val, ",") {
+					if n == "" || strings.ContainsAny(n, ":") {
+						return Route{}, fmt.Errorf("option scope=%s: %q is not a header name", val, n)
+					}
+					names = append(names, n)
+				}
+			}
+			rt.Scope = &names
+		case "fingerprint":
+			fp, err := ParseFingerprint(val)
+			if err != nil {
+				return Route{}, fmt.Errorf("option fingerprint=%w", err)
+			}
+			rt.Fingerprint = &fp
 		default:
-			return Route{}, fmt.Errorf("unknown option %q (want ttl=, lock=, wait=, required, off, upgrade, fail=, on5xx=)", opt)
+			return Route{}, fmt.Errorf("unknown option %q (want ttl=, lock=, wait=, required, off, upgrade, fail=, on5xx=, key=, scope=, fingerprint=)", opt)
 		}
 	}
 	// A tunnel carries requests past keys and every other option, so a

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -125,7 +126,7 @@ func TestRouteApply(t *testing.T) {
 	}
 	got := routes[0].apply(base)
 	want := Policy{Covered: true, TTL: time.Hour, LockTTL: 2 * time.Minute}
-	if got != want {
+	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
 }

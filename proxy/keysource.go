@@ -1,0 +1,176 @@
+package proxy
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"strings"
+)
+
+// KeySource is a parsed route option key=SOURCE: where an at-least-once
+// sender's message id is found in the request, for senders that send no
+// Idempotency-Key (webhooks, push subscriptions, CloudEvents).
+type KeySource struct {
+	Text      string      // as written: a preset's name, or the expression
+	alts      [][]keyPart // alternatives ("|"), each a composite ("+")
+	needsBody bool        // a json: part: the body is read before the key
+}
+
+type partKind uint8
+
+const (
+	partHeader partKind = iota
+	partQuery
+	partJSON
+)
+
+type keyPart struct {
+	kind   partKind
+	name   string   // canonical header name, or query parameter name
+	tokens []string // json: the pointer's reference tokens
+	text   string   // the part as written, for messages
+}
+
+// keyPresets are the message ids of common senders.
+var keyPresets = map[string]string{
+	"github":            "header:X-GitHub-Delivery",
+	"standard-webhooks": "header:webhook-id",
+	"stripe-events":     "json:/id",
+	"shopify":           "header:X-Shopify-Event-Id",
+	"sns":               "header:x-amz-sns-message-id",
+	"cloudevents":       "header:ce-source+header:ce-id|json:/source+json:/id",
+}
+
+// ParseKeySource parses a SOURCE: a preset name, or alternatives separated
+// by "|", each one or more parts joined by "+"; a part is header:NAME,
+// query:NAME or json:POINTER (RFC 6901).
+func ParseKeySource(src string) (*KeySource, error) {
+	expr := src
+	if p, ok := keyPresets[src]; ok {
+		expr = p
+	}
+	if expr == "" {
+		return nil, errors.New("empty SOURCE (want header:NAME, query:NAME, json:/POINTER, parts joined by + and |, or a preset: github, standard-webhooks, stripe-events, shopify, sns, cloudevents)")
+	}
+	ks := &KeySource{Text: src}
+	for alt := range strings.SplitSeq(expr, "|") {
+		var parts []keyPart
+		for text := range strings.SplitSeq(alt, "+") {
+			kind, arg, ok := strings.Cut(text, ":")
+			if !ok {
+				if _, preset := keyPresets[text]; preset {
+					return nil, fmt.Errorf("part %q: a preset is a whole SOURCE, not a part", text)
+				}
+				return nil, fmt.Errorf("part %q: want header:NAME, query:NAME or json:/POINTER (or a preset: github, standard-webhooks, stripe-events, shopify, sns, cloudevents)", text)
+			}
+			p := keyPart{text: text}
+			switch kind {
+			case "header":
+				if arg == "" || strings.ContainsAny(arg, " \t:,") {
+					return nil, fmt.Errorf("part %q: not a header name", text)
+				}
+				p.kind, p.name = partHeader, textproto.CanonicalMIMEHeaderKey(arg)
+			case "query":
+				if arg == "" {
+					return nil, fmt.Errorf("part %q: empty query parameter name", text)
+				}
+				p.kind, p.name = partQuery, arg
+			case "json":
+				if !strings.HasPrefix(arg, "/") {
+					return nil, fmt.Errorf("part %q: a JSON pointer starts with / (RFC 6901), e.g. json:/id", text)
+				}
+				tokens, err := parsePointer(arg)
+				if err != nil {
+					return nil, fmt.Errorf("part %q: %w", text, err)
+				}
+				p.kind, p.tokens = partJSON, tokens
+				ks.needsBody = true
+			default:
+				return nil, fmt.Errorf("part %q: unknown kind %q (want header, query or json)", text, kind)
+			}
+			parts = append(parts, p)
+		}
+		ks.alts = append(ks.alts, parts)
+	}
+	return ks, nil
+}
+
+// errPartInvalid: a part is present but unusable (empty, too long,
+// repeated); the message names it.
+type errPartInvalid struct{ msg string }
+
+func (e *errPartInvalid) Error() string { return e.msg }
+
+// derive returns the key for r: the SOURCE text and the values of the
+// first alternative whose parts are all present, length-prefixed so that
+// ("a","bc") and ("ab","c") differ. errNoKey when no alternative is
+// complete; *errPartInvalid when a present part is unusable. body is the
+// buffered request body (nil when the source reads none).
+func (ks *KeySource) derive(r *http.Request, body []byte, maxLen int) (string, error) {
+	bodyIsJSON := -1 // unknown yet
+	var query map[string][]string
+alternatives:
+	for _, alt := range ks.alts {
+		var vals [4]string
+		values := vals[:0]
+		for _, p := range alt {
+			var v string
+			switch p.kind {
+			case partHeader:
+				vv := r.Header[p.name]
+				if len(vv) == 0 {
+					continue alternatives
+				}
+				if len(vv) > 1 {
+					return "", &errPartInvalid{fmt.Sprintf("key part %s appears %d times; it must appear once", p.text, len(vv))}
+				}
+				v = vv[0]
+			case partQuery:
+				if query == nil {
+					query = r.URL.Query()
+				}
+				vv := query[p.name]
+				if len(vv) == 0 {
+					continue alternatives
+				}
+				if len(vv) > 1 {
+					return "", &errPartInvalid{fmt.Sprintf("key part %s appears %d times; it must appear once", p.text, len(vv))}
+				}
+				v = vv[0]
+			case partJSON:
+				if bodyIsJSON < 0 {
+					bodyIsJSON = 0
+					if json.Valid(body) {
+						bodyIsJSON = 1
+					}
+				}
+				if bodyIsJSON == 0 {
+					continue alternatives
+				}
+				var ok bool
+				if v, ok = jsonPointerValue(body, p.tokens); !ok {
+					continue alternatives
+				}
+			}
+			if v == "" {
+				return "", &errPartInvalid{fmt.Sprintf("key part %s is empty", p.text)}
+			}
+			if len(v) > maxLen {
+				return "", &errPartInvalid{fmt.Sprintf("key part %s is longer than %d bytes", p.text, maxLen)}
+			}
+			values = append(values, v)
+		}
+		var stack [512]byte
+		b := binary.LittleEndian.AppendUint64(stack[:0], uint64(len(ks.Text)))
+		b = append(b, ks.Text...)
+		for _, v := range values {
+			b = binary.LittleEndian.AppendUint64(b, uint64(len(v)))
+			b = append(b, v...)
+		}
+		return string(b), nil
+	}
+	return "", errNoKey
+}
