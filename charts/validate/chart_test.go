@@ -23,7 +23,7 @@ var contractVars = []string{
 	"UPSTREAM_URL", "LISTEN_ADDR", "ADMIN_ADDR", "REDIS_MODE", "REDIS_ADDRS", "REDIS_MASTER_NAME",
 	"REDIS_TLS", "REDIS_WAIT_REPLICAS", "REDIS_WAIT_TIMEOUT", "REDIS_AUTOPIPELINE", "REPLAY_CACHE_BYTES", "KEY_PREFIX", "IDEMPOTENCY_HEADER", "METHODS", "TTL",
 	"LOCK_TTL", "UPSTREAM_TIMEOUT", "UPSTREAM_ID", "REQUEST_READ_TIMEOUT", "REQUIRE_KEY", "MAX_KEY_LENGTH", "MAX_BODY_BYTES",
-	"MAX_STORED_RESPONSE_BYTES", "SCOPE_HEADERS", "FAIL_MODE", "WAIT_TIMEOUT", "ON_5XX", "ROUTES",
+	"MAX_STORED_RESPONSE_BYTES", "SCOPE_HEADERS", "FINGERPRINT", "FAIL_MODE", "WAIT_TIMEOUT", "ON_5XX", "ROUTES",
 	"LOG_LEVEL", "LOG_FORMAT", "SHUTDOWN_TIMEOUT",
 }
 
@@ -518,6 +518,17 @@ func TestRenderFails(t *testing.T) {
 		{"upstream id not ASCII", []string{"--set", "config.upstreamID=café"}, "/config/upstreamID"},
 		{"body bound", []string{"--set", "config.maxBodyBytes=67108865"}, "/config/maxBodyBytes"},
 		{"stored bound", []string{"--set", "config.maxStoredResponseBytes=67108865"}, "/config/maxStoredResponseBytes"},
+		{"bad FINGERPRINT", []string{"--set", "config.fingerprint=loose"}, "/config/fingerprint"},
+		{"bad route fingerprint", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].fingerprint=bytes"}, "/config/routes/0/fingerprint"},
+		{"route key with a space", []string{"--set-string", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].key=header:X-A header:X-B"}, "/config/routes/0/key"},
+		{"route key with a semicolon", []string{"--set-string", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].key=github;POST"}, "/config/routes/0/key"},
+		{"route key unknown part", []string{"--set-string", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].key=cookie:sid"}, `key "cookie:sid": part "cookie:sid" must be header:NAME, query:NAME or json:/POINTER`},
+		{"route key preset in a composite", []string{"--set-string", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].key=github+header:X-A"}, `part "github" must be`},
+		{"route key pointer without slash", []string{"--set-string", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].key=json:id"}, `part "json:id" must be`},
+		{"route scope not a header", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].scope[0]=X A"}, "/config/routes/0/scope/0"},
+		{"off with key", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].off=true,config.routes[0].key=github"}, "so key would be ignored"},
+		{"off with empty scope", []string{"-f", "testdata/off-scope-values.yaml"}, "so scope would be ignored"},
+		{"upgrade with fingerprint", []string{"--set", "config.routes[0].method=GET,config.routes[0].pattern=/ws,config.routes[0].upgrade=true,config.routes[0].fingerprint=none"}, "so fingerprint would be ignored"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -547,6 +558,30 @@ func TestRoutesString(t *testing.T) {
 		"GET /v1/events/ws upgrade"
 	if got != want {
 		t.Errorf("ROUTES = %q, want %q", got, want)
+	}
+}
+
+// TestWebhookRoutesString checks the ROUTES string rendered from ci/webhooks-values.yaml: key=,
+// scope= (an empty list renders "scope=", no scope) and fingerprint=, after the other options.
+func TestWebhookRoutesString(t *testing.T) {
+	m := mustRender(t, "-f", chartDir+"/ci/webhooks-values.yaml")
+	data := m.configMap(m.deployment.Name).Data
+	want := "POST /hooks/github ttl=72h key=github scope=;" +
+		"POST /hooks/standard ttl=48h key=standard-webhooks scope=;" +
+		"POST /hooks/stripe ttl=72h key=stripe-events scope= fingerprint=none;" +
+		"POST /hooks/shopify ttl=48h key=shopify scope=X-Shopify-Shop-Domain fingerprint=none;" +
+		"POST /hooks/sns key=sns scope=x-amz-sns-topic-arn fingerprint=strict;" +
+		"POST /hooks/events key=cloudevents scope= fingerprint=none;" +
+		"POST /hooks/partners/* required key=header:X-Partner-Id+json:/event/id|header:X-Partner-Id+query:event_id scope=X-Partner-Id,X-Partner-Env;" +
+		"POST /v1/orders scope="
+	if got := data["ROUTES"]; got != want {
+		t.Errorf("ROUTES = %q, want %q", got, want)
+	}
+	if got := data["FINGERPRINT"]; got != "json" {
+		t.Errorf("FINGERPRINT = %q, want %q", got, "json")
+	}
+	if got := mustRender(t).configMap(m.deployment.Name).Data["FINGERPRINT"]; got != "strict" {
+		t.Errorf("default FINGERPRINT = %q, want %q", got, "strict")
 	}
 }
 

@@ -150,7 +150,9 @@ replicaCount otherwise.
 
 {{/*
 The ROUTES string built from config.routes: rules joined by ";", each
-"METHOD PATTERN [ttl=D] [lock=D] [required] [off] [upgrade] [fail=open|closed] [wait=D] [on5xx=release|store]".
+"METHOD PATTERN [ttl=D] [lock=D] [required] [off] [upgrade] [fail=open|closed] [wait=D] [on5xx=release|store]
+[key=SOURCE] [scope=H1,H2] [fingerprint=strict|json|none]". A scope given as an empty list renders
+"scope=" (no scope on this route); a rule without scope renders nothing (SCOPE_HEADERS applies).
 */}}
 {{- define "idemproxy.routes" -}}
 {{- $rules := list }}
@@ -175,8 +177,9 @@ The ROUTES string built from config.routes: rules joined by ";", each
 {{- /* YAML 1.1 (which Helm's parser follows) reads a bare `off:` key as false: accept both spellings. */}}
 {{- $off := or (index $r "off") (index $r "false") }}
 {{- if or $off $r.upgrade }}
-{{- range $opt := list "ttl" "lock" "required" "fail" "wait" "on5xx" }}
-{{- if index $r $opt }}
+{{- range $opt := list "ttl" "lock" "required" "fail" "wait" "on5xx" "key" "scope" "fingerprint" }}
+{{- /* hasKey for scope: an empty list (scope=) is an option too. */}}
+{{- if or (index $r $opt) (and (eq $opt "scope") (hasKey $r "scope")) }}
 {{- fail (printf "%s (%s): off means plain pass-through (and upgrade implies off), so %s would be ignored; remove it" $where $id $opt) }}
 {{- end }}
 {{- end }}
@@ -202,6 +205,33 @@ The ROUTES string built from config.routes: rules joined by ";", each
 {{- if $r.on5xx }}
 {{- if not (has $r.on5xx (list "release" "store")) }}{{ fail (printf "%s: on5xx must be release or store, not %q" $where $r.on5xx) }}{{ end }}
 {{- $parts = append $parts (printf "on5xx=%s" $r.on5xx) }}
+{{- end }}
+{{- if hasKey $r "key" }}
+{{- $source := toString $r.key }}
+{{- $presets := list "github" "standard-webhooks" "stripe-events" "shopify" "sns" "cloudevents" }}
+{{- if not (has $source $presets) }}
+{{- if not (regexMatch "^[^\\s;]+$" $source) }}
+{{- fail (printf "%s (%s): key %q must be a SOURCE without whitespace or ; (ROUTES separates options with spaces and rules with ;)" $where $id $source) }}
+{{- end }}
+{{- range $alt := splitList "|" $source }}
+{{- range $part := splitList "+" $alt }}
+{{- if not (regexMatch "^(header:[!#$%&'*.^_`~0-9A-Za-z-]+|query:.+|json:/.*)$" $part) }}
+{{- fail (printf "%s (%s): key %q: part %q must be header:NAME, query:NAME or json:/POINTER (or the whole key one preset: %s)" $where $id $source $part (join ", " $presets)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $parts = append $parts (printf "key=%s" $source) }}
+{{- end }}
+{{- if hasKey $r "scope" }}
+{{- if not (kindIs "slice" $r.scope) }}
+{{- fail (printf "%s (%s): scope must be a list of header names ([] for no scope)" $where $id) }}
+{{- end }}
+{{- $parts = append $parts (printf "scope=%s" (join "," $r.scope)) }}
+{{- end }}
+{{- if $r.fingerprint }}
+{{- if not (has $r.fingerprint (list "strict" "json" "none")) }}{{ fail (printf "%s: fingerprint must be strict, json or none, not %q" $where $r.fingerprint) }}{{ end }}
+{{- $parts = append $parts (printf "fingerprint=%s" $r.fingerprint) }}
 {{- end }}
 {{- $rules = append $rules (join " " $parts) }}
 {{- end }}
