@@ -66,7 +66,7 @@ lint: ## gofmt, go vet and go mod tidy must leave nothing to change
 	$(GO) mod tidy -diff
 
 .PHONY: bench
-bench: ## Benchmark against a bare httputil.ReverseProxy (wrk, real Redis; ~4.5 min). BENCH_FLAGS=-quick for a smoke test
+bench: ## Benchmark against a bare httputil.ReverseProxy (wrk, real Redis; ~4.5 min). BENCH_FLAGS=-quick for a smoke test, BENCH_FLAGS='-only unique1k,json1k' for json: keys
 	scripts/bench.sh $(BENCH_FLAGS)
 
 .PHONY: bench-go

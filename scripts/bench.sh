@@ -2,7 +2,7 @@
 # Benchmark idemproxy against a bare httputil.ReverseProxy (issue 5); `make bench` runs this.
 #
 #   scripts/bench.sh [-quick] [-duration 8s] [-warmup 2s] [-rounds 2] [-conns 64]
-#                    [-only unique,replay,mixed,nokey,mem] [-delays 0,2ms]
+#                    [-only unique,replay,mixed,nokey,unique1k,json1k,mem] [-delays 0,2ms]
 #                    [-cpus wrk=0,proxy=1,upstream=1,redis=1] [-idem-bare] [-idem-bin PATH]
 #                    [-idem-env KEY=VALUE]... [-keep] [-v]
 #

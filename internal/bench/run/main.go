@@ -40,7 +40,7 @@ const (
 	exitInterrupted = 130
 )
 
-var allWorkloads = []string{"unique", "replay", "mixed", "nokey", "mem"}
+var allWorkloads = []string{"unique", "replay", "mixed", "nokey", "unique1k", "json1k", "mem"}
 
 type config struct {
 	repo, workdir string
@@ -126,7 +126,8 @@ func parseFlags(args []string) (*config, int) {
 	fs.IntVar(&cfg.threads, "threads", 1, "wrk threads")
 	fs.IntVar(&cfg.primed, "primed", 100, "keys primed for the replay and mixed workloads")
 	quick := fs.Bool("quick", false, "smoke test: -duration 2s -warmup 1s -rounds 1 (unless given)")
-	only := fs.String("only", "unique,replay,mixed,mem", "comma-separated workloads: unique, replay, mixed, nokey (no key), mem (memory checks)")
+	only := fs.String("only", "unique,replay,mixed,mem", "comma-separated workloads: unique, replay, mixed, nokey (no key), mem (memory checks), "+
+		"unique1k and json1k (a ~1 KiB Stripe-event body keyed by the Idempotency-Key header, or by its \"id\" through ROUTES key=json:/id; run both for the comparison of issue 11)")
 	delays := fs.String("delays", "0,2ms", "comma-separated upstream service delays")
 	fs.IntVar(&cfg.nice, "nice", 0, "run wrk, the proxies, upstream and Redis at this niceness (e.g. -10, as root) so other work on a shared machine disturbs less")
 	cpus := fs.String("cpus", "wrk=0,proxy=1,upstream=1,redis=1", "taskset cpu list per role")
@@ -255,7 +256,7 @@ type bench struct {
 	ncpu    int // cpus in /proc/stat
 
 	upstreamBin, bareBin, idemBin string
-	script                        string
+	script, eventTpl              string
 	redisAddr                     string
 	redis                         *proc
 	client                        *http.Client
@@ -378,8 +379,12 @@ func (b *bench) setup(ctx context.Context) error {
 	if err := os.WriteFile(b.script, []byte(workloadLua), 0o644); err != nil {
 		return err
 	}
+	b.eventTpl = filepath.Join(cfg.workdir, "event.json")
+	if err := os.WriteFile(b.eventTpl, []byte(eventTemplate), 0o644); err != nil {
+		return err
+	}
 	b.procs.nice = cfg.nice
-	b.wrk = wrkRun{cpu: cfg.cpus["wrk"], nice: cfg.nice, threads: cfg.threads, conns: cfg.conns, script: b.script}
+	b.wrk = wrkRun{cpu: cfg.cpus["wrk"], nice: cfg.nice, threads: cfg.threads, conns: cfg.conns, script: b.script, event: b.eventTpl}
 
 	// From here on, the driver only waits; keep it off the proxy's cpu.
 	if out, err := exec.CommandContext(ctx, "taskset", "-a", "-p", "-c", cfg.cpus["wrk"], strconv.Itoa(os.Getpid())).CombinedOutput(); err != nil {
@@ -407,6 +412,41 @@ func (b *bench) setup(ctx context.Context) error {
 		return err
 	}
 	b.noteAffinity("redis", b.redis)
+	return b.checkRoutes(ctx)
+}
+
+// checkRoutes starts idemproxy once with the ROUTES of each selected workload
+// that has a rule of its own, before any round: a build that refuses the rule
+// (json1k's key=json:/id before issue 11) fails the run at once, saying why.
+func (b *bench) checkRoutes(ctx context.Context) error {
+	if b.cfg.idemBare {
+		return nil
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	// Readiness needs Redis only: the upstream is never called.
+	none := &upstream{url: fmt.Sprintf("http://127.0.0.1:%d", port)}
+	for _, wl := range b.cfg.workloads {
+		ew, ok := eventWorkloads[wl]
+		if !ok {
+			continue
+		}
+		t, err := b.startTargetOnce(ctx, "idem", none, wl)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			hint := ""
+			if strings.Contains(ew.rule, " key=") {
+				hint = "; the key= route option comes with issue 11: this idemproxy build may not have it yet." +
+					" Leave " + wl + " out of -only, or benchmark a build that has it with -idem-bin PATH"
+			}
+			return fmt.Errorf("workload %s: idemproxy refused to start with its ROUTES rule %q%s.\n%v", wl, ew.rule, hint, err)
+		}
+		t.p.stop()
+	}
 	return nil
 }
 
@@ -587,16 +627,18 @@ type target struct {
 // startTarget starts a fresh proxy and waits until it is ready. A start that
 // fails is tried once more on new ports: freePort's port can be taken by
 // another program before the proxy binds it.
-func (b *bench) startTarget(ctx context.Context, kind string, up *upstream) (*target, error) {
-	t, err := b.startTargetOnce(ctx, kind, up)
+// wl is the workload (its ROUTES rule, if any, is added to idemproxy's
+// environment); "" for none.
+func (b *bench) startTarget(ctx context.Context, kind string, up *upstream, wl string) (*target, error) {
+	t, err := b.startTargetOnce(ctx, kind, up, wl)
 	if err != nil && ctx.Err() == nil {
 		logf("%s did not start, trying once more on new ports: %v", kind, err)
-		t, err = b.startTargetOnce(ctx, kind, up)
+		t, err = b.startTargetOnce(ctx, kind, up, wl)
 	}
 	return t, err
 }
 
-func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream) (*target, error) {
+func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, wl string) (*target, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -621,7 +663,7 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream) 
 			"ADMIN_ADDR="+admin,
 			"REDIS_URL=redis://"+b.redisAddr,
 			"LOG_LEVEL=warn")
-		env = append(env, b.cfg.idemEnv...)
+		env = append(env, idemEnvFor(b.cfg.idemEnv, wl)...)
 		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], env, logPath, b.idemBin)
 		ready = func() error { return b.get("http://" + admin + "/readyz") }
 	}
@@ -658,14 +700,26 @@ type postResult struct {
 	n        int64
 }
 
-// post sends the workload's request with key (none when empty) to url.
+// post sends the default workload's request with key (none when empty) to url.
 func (b *bench) post(ctx context.Context, url, key string) (postResult, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(benchBody))
+	return b.postAs(ctx, url, "", key)
+}
+
+// postAs sends workload wl's request with key to url: for the event
+// workloads, eventBody(key), with the key in Idempotency-Key only if the
+// workload sends it there; for the others, benchBody with the key (none when
+// empty).
+func (b *bench) postAs(ctx context.Context, url, wl, key string) (postResult, error) {
+	body, header := benchBody, key != ""
+	if ew, ok := eventWorkloads[wl]; ok {
+		body, header = eventBody(key), ew.keyHeader
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
 		return postResult{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
+	if header {
 		req.Header.Set("Idempotency-Key", key)
 	}
 	resp, err := b.client.Do(req)

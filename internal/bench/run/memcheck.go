@@ -134,7 +134,7 @@ type bigFigures struct {
 // bigCheck streams the upstream's big body through a fresh proxy with a key,
 // reading it at a bounded rate, and reports the proxy's RSS growth.
 func (b *bench) bigCheck(ctx context.Context, up *upstream, kind string) (bigFigures, error) {
-	t, err := b.startTarget(ctx, kind, up)
+	t, err := b.startTarget(ctx, kind, up, "")
 	if err != nil {
 		return bigFigures{}, err
 	}
@@ -212,7 +212,7 @@ type slowFigures struct {
 // own connection, on the upstream's slow endpoint through a fresh proxy.
 func (b *bench) slowCheck(ctx context.Context, up *upstream, kind string) (slowFigures, error) {
 	cfg := b.cfg
-	t, err := b.startTarget(ctx, kind, up)
+	t, err := b.startTarget(ctx, kind, up, "")
 	if err != nil {
 		return slowFigures{}, err
 	}

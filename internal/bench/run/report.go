@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -32,8 +33,15 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 	}
 	if len(results) > 0 {
 		fmt.Fprintf(w, "\nidemproxy benchmark: medians of %d round(s) per target, rounds alternated (bare,idem / idem,bare / …), a fresh proxy process per round;\n", cfg.rounds)
-		fmt.Fprintf(w, "wrk %d connection(s), %d thread(s), %v measured after %v warm-up; POST /v1/orders with a %d-byte JSON body; upstream answers 201 with ~200 bytes.\n\n",
-			cfg.conns, cfg.threads, cfg.duration, cfg.warmup, len(benchBody))
+		what := fmt.Sprintf("POST /v1/orders with a %d-byte JSON body", len(benchBody))
+		if !slices.ContainsFunc(cfg.workloads, func(wl string) bool { _, ok := eventWorkloads[wl]; return !ok }) {
+			what = "POST with a ~1 KiB JSON body (below)"
+		}
+		fmt.Fprintf(w, "wrk %d connection(s), %d thread(s), %v measured after %v warm-up; %s; upstream answers 201 with ~200 bytes.\n\n",
+			cfg.conns, cfg.threads, cfg.duration, cfg.warmup, what)
+		if l := eventWorkloadsLine(cfg.workloads); l != "" {
+			fmt.Fprintln(w, l+"\n")
+		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "workload\tdelay\ttarget\treq/s\tp50\tp99\tcpu µs/req\tpeak rss\tredis µs/req\tupstream µs/req\tupstream/req\terrors")
 		var below, cmds []string
@@ -110,6 +118,12 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 		fmt.Fprintln(w)
 		for _, l := range below {
 			fmt.Fprintln(w, l)
+		}
+		if cmp := keySourceLines(results, idemName); len(cmp) > 0 {
+			fmt.Fprintln(w)
+			for _, l := range cmp {
+				fmt.Fprintln(w, l)
+			}
 		}
 		if len(cmds) > 0 {
 			fmt.Fprintln(w, "\nRedis commands per request through "+idemName+" (INFO commandstats, medians; calls made inside Lua scripts count too):")
@@ -235,4 +249,89 @@ func cmdsLine(ss []sample) string {
 		parts[i] = fmt.Sprintf("%s %.2f", c.name, c.v)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// eventWorkloadsLine describes the requests of the event workloads selected,
+// for the report's header ("" when none is).
+func eventWorkloadsLine(workloads []string) string {
+	var parts []string
+	for _, wl := range workloads {
+		ew, ok := eventWorkloads[wl]
+		if !ok {
+			continue
+		}
+		how := "key in the body's \"id\" only"
+		if ew.keyHeader {
+			how = "key in Idempotency-Key, the same as the body's \"id\""
+		}
+		parts = append(parts, fmt.Sprintf("%s: POST %s (idemproxy's ROUTES %q; %s)", wl, ew.path, ew.rule, how))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	with := "with"
+	if len(parts) > 1 {
+		with = "both with"
+	}
+	return strings.Join(parts, "; ") + fmt.Sprintf(";\n%s a ~%d-byte Stripe event body (payment_intent.succeeded) whose \"id\" is fresh per request.",
+		with, len(eventBody(eventKeyPrefix+strings.Repeat("x", 42))))
+}
+
+// keySourceLines compares json1k with unique1k at each delay where both ran:
+// the proxy cpu per request of a key taken from the JSON body against one
+// taken from the header, on the same bodies (issue 11: at most +10 %). The
+// bare proxy, which gets the same requests and ignores keys, shows the noise.
+func keySourceLines(results []result, idemName string) []string {
+	type pair struct{ json, header *result }
+	var delays []time.Duration
+	byDelay := map[time.Duration]*pair{}
+	for i := range results {
+		r := &results[i]
+		if r.workload != "json1k" && r.workload != "unique1k" {
+			continue
+		}
+		p := byDelay[r.delay]
+		if p == nil {
+			p = &pair{}
+			byDelay[r.delay] = p
+			delays = append(delays, r.delay)
+		}
+		if r.workload == "json1k" {
+			p.json = r
+		} else {
+			p.header = r
+		}
+	}
+	cpu := func(s sample) float64 { return s.cpuUs }
+	change := func(a, b float64) string {
+		if b == 0 {
+			return "?"
+		}
+		return fmt.Sprintf("%+.1f %%", 100*(a/b-1))
+	}
+	var out []string
+	for _, d := range delays {
+		p := byDelay[d]
+		if p.json == nil || p.header == nil || len(p.json.idem) == 0 || len(p.header.idem) == 0 {
+			continue
+		}
+		delay := d.String()
+		if d == 0 {
+			delay = "0"
+		}
+		a, b := median(p.json.idem, cpu), median(p.header.idem, cpu)
+		mark := "met"
+		if b == 0 || a/b-1 > 0.10 {
+			mark = "MISSED"
+		}
+		var rounds []string
+		for i := 0; i < len(p.json.idem) && i < len(p.header.idem); i++ {
+			rounds = append(rounds, change(p.json.idem[i].cpuUs, p.header.idem[i].cpuUs))
+		}
+		out = append(out, fmt.Sprintf("json key source vs header key (1 KiB body, delay %s): proxy cpu µs/req %.1f vs %.1f = %s"+
+			" (%s medians; issue 11 target ≤ +10 %%: %s; per round %s; bare proxy, same requests: %.1f vs %.1f = %s)",
+			delay, a, b, change(a, b), idemName, mark, strings.Join(rounds, ", "),
+			median(p.json.bare, cpu), median(p.header.bare, cpu), change(median(p.json.bare, cpu), median(p.header.bare, cpu))))
+	}
+	return out
 }

@@ -93,16 +93,16 @@ func (b *bench) round(ctx context.Context, up *upstream, wl, kind string, r int,
 			return sample{}, err
 		}
 	}
-	t, err := b.startTarget(ctx, kind, up)
+	t, err := b.startTarget(ctx, kind, up, wl)
 	if err != nil {
 		return sample{}, err
 	}
 	defer t.p.stop()
-	url := t.url + "/v1/orders"
-	tag := fmt.Sprintf("%s-%dus-%s-%d-%s", b.runID, delay.Microseconds(), wl, r, kind)
+	url := t.url + workloadPath(wl)
+	tag := roundTag(b.runID, delay, wl, r, kind)
 	pprefix := tag + "-p"
 
-	if err := b.prime(ctx, url, pprefix); err != nil {
+	if err := b.prime(ctx, url, wl, pprefix); err != nil {
 		return sample{}, err
 	}
 	if kind == "idem" && !cfg.idemBare && r == 0 {
@@ -226,8 +226,9 @@ func (b *bench) round(ctx context.Context, up *upstream, wl, kind string, r int,
 	return smp, nil
 }
 
-// prime sends one request per primed key, 8 at a time; each must succeed.
-func (b *bench) prime(ctx context.Context, url, pprefix string) error {
+// prime sends one request of workload wl per primed key, 8 at a time; each
+// must succeed.
+func (b *bench) prime(ctx context.Context, url, wl, pprefix string) error {
 	keys := make(chan int)
 	errc := make(chan error, 8)
 	var wg sync.WaitGroup
@@ -236,7 +237,7 @@ func (b *bench) prime(ctx context.Context, url, pprefix string) error {
 		go func() {
 			defer wg.Done()
 			for i := range keys {
-				pr, err := b.post(ctx, url, pprefix+"-"+strconv.Itoa(i))
+				pr, err := b.postAs(ctx, url, wl, pprefix+"-"+strconv.Itoa(i))
 				if err == nil && pr.status/100 != 2 {
 					err = fmt.Errorf("priming key %d: status %d", i, pr.status)
 				}
@@ -273,8 +274,8 @@ loop:
 // probe checks, once per workload, that idemproxy replays a primed key and
 // forwards a fresh one; a failure is noted under the table, not fatal.
 func (b *bench) probe(ctx context.Context, url, pprefix, tag, wl string) {
-	dup, err1 := b.post(ctx, url, pprefix+"-0")
-	fresh, err2 := b.post(ctx, url, tag+"-probe")
+	dup, err1 := b.postAs(ctx, url, wl, pprefix+"-0")
+	fresh, err2 := b.postAs(ctx, url, wl, tag+"-probe")
 	switch {
 	case err1 != nil || err2 != nil:
 		b.notes = append(b.notes, fmt.Sprintf("%s: probe failed: %v", wl, errors.Join(err1, err2)))

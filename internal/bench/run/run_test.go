@@ -2,8 +2,19 @@ package main
 
 import (
 	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 func TestParseWrk(t *testing.T) {
@@ -81,6 +92,10 @@ func TestParseFlags(t *testing.T) {
 	if cfg.rounds != 1 || len(cfg.workloads) != 1 || cfg.workloads[0] != "replay" || !cfg.mem || len(cfg.delays) != 2 || cfg.maxStored != 2048 {
 		t.Errorf("got %+v", cfg)
 	}
+	cfg, code = parseFlags([]string{"-only", "unique1k, json1k"})
+	if code >= 0 || !slices.Equal(cfg.workloads, []string{"unique1k", "json1k"}) || cfg.mem {
+		t.Errorf("-only unique1k,json1k: code %d, workloads %q, mem %v", code, cfg.workloads, cfg.mem)
+	}
 	for _, bad := range [][]string{{"-only", "nope"}, {"-delays", "x"}, {"-cpus", "wrk=0"}, {"-idem-env", "NOEQUALS"}, {"-rounds", "0"}} {
 		if _, code := parseFlags(bad); code != exitUsage {
 			t.Errorf("parseFlags(%q): exit code %d, want %d", bad, code, exitUsage)
@@ -101,5 +116,132 @@ func TestParseCommandStats(t *testing.T) {
 	got := parseCommandStats(info)
 	if len(got) != 2 || got["evalsha"] != 12 || got["config|get"] != 1 {
 		t.Errorf("got %v, want evalsha 12 and config|get 1", got)
+	}
+}
+
+// eventIDs are ids as the event workloads make them: a round's tag, the
+// phase, wrk's thread and a counter.
+func eventIDs() []string {
+	var ids []string
+	for _, wl := range []string{"unique1k", "json1k"} {
+		for _, d := range []time.Duration{0, 2 * time.Millisecond, 250 * time.Millisecond} {
+			tag := roundTag("1a2b3c4d", d, wl, 1, "idem")
+			ids = append(ids, tag+"-p-0", tag+"-probe", tag+"-w-0-1", tag+"-m-0-1234567")
+		}
+	}
+	return ids
+}
+
+func TestEventBody(t *testing.T) {
+	if n := strings.Count(eventTemplate, eventIDPlaceholder); n != 1 {
+		t.Fatalf("eventTemplate holds %s %d times, want once", eventIDPlaceholder, n)
+	}
+	for _, id := range eventIDs() {
+		if !strings.HasPrefix(id, eventKeyPrefix) {
+			t.Errorf("id %q: no prefix %q", id, eventKeyPrefix)
+		}
+		body := eventBody(id)
+		if len(body) < 1000 || len(body) > 1060 {
+			t.Errorf("id %q: body of %d bytes, want about 1024", id, len(body))
+		}
+		var ev struct {
+			ID     string `json:"id"`
+			Object string `json:"object"`
+			Type   string `json:"type"`
+			Data   struct {
+				Object struct {
+					ID string `json:"id"`
+				} `json:"object"`
+			} `json:"data"`
+		}
+		if err := json.Unmarshal([]byte(body), &ev); err != nil {
+			t.Fatalf("id %q: body is not JSON: %v\n%s", id, err, body)
+		}
+		if ev.ID != id || ev.Object != "event" || ev.Type != "payment_intent.succeeded" || ev.Data.Object.ID == "" || ev.Data.Object.ID == id {
+			t.Errorf("id %q: got id %q, object %q, type %q, data.object.id %q", id, ev.ID, ev.Object, ev.Type, ev.Data.Object.ID)
+		}
+	}
+	if a, b := roundTag("r", 0, "json1k", 0, "idem"), roundTag("r", 0, "unique1k", 0, "idem"); a == b {
+		t.Errorf("json1k and unique1k share the tag %q", a)
+	}
+	if got := roundTag("r", 2*time.Millisecond, "unique", 1, "bare"); got != "r-2000us-unique-1-bare" {
+		t.Errorf("roundTag of unique: got %q (the other workloads' keys must not change)", got)
+	}
+}
+
+func TestIdemEnvFor(t *testing.T) {
+	user := []string{"LOG_LEVEL=error", "ROUTES=POST /a off", "ROUTES=POST /b required"}
+	if got := idemEnvFor(user, "unique"); !slices.Equal(got, user) {
+		t.Errorf("unique: got %q, want -idem-env unchanged", got)
+	}
+	want := []string{"LOG_LEVEL=error", "ROUTES=POST /hooks/stripe key=json:/id; POST /b required"}
+	if got := idemEnvFor(user, "json1k"); !slices.Equal(got, want) {
+		t.Errorf("json1k: got %q, want %q", got, want)
+	}
+	want = []string{"ROUTES=POST /hooks/header"}
+	if got := idemEnvFor([]string{"ROUTES="}, "unique1k"); !slices.Equal(got, want) {
+		t.Errorf("unique1k with ROUTES=: got %q, want %q", got, want)
+	}
+	if got := idemEnvFor(nil, "json1k"); !slices.Equal(got, []string{"ROUTES=POST /hooks/stripe key=json:/id"}) {
+		t.Errorf("json1k alone: got %q", got)
+	}
+}
+
+// TestWorkloadLuaEvents runs workload.lua in wrk (when installed) for a second
+// per event workload against a local server, which checks that every request
+// is what the driver's postAs would send: eventBody of a fresh id, the id in
+// Idempotency-Key only for unique1k.
+func TestWorkloadLuaEvents(t *testing.T) {
+	if _, err := exec.LookPath("wrk"); err != nil {
+		t.Skip("wrk not installed")
+	}
+	dir := t.TempDir()
+	script, tpl := filepath.Join(dir, "workload.lua"), filepath.Join(dir, "event.json")
+	if err := os.WriteFile(script, []byte(workloadLua), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tpl, []byte(eventTemplate), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, wl := range []string{"unique1k", "json1k"} {
+		t.Run(wl, func(t *testing.T) {
+			ew := eventWorkloads[wl]
+			var mu sync.Mutex
+			seen := map[string]bool{}
+			var bad []string
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				body, _ := io.ReadAll(r.Body)
+				var ev struct {
+					ID string `json:"id"`
+				}
+				err := json.Unmarshal(body, &ev)
+				mu.Lock()
+				defer mu.Unlock()
+				switch key, has := r.Header.Get("Idempotency-Key"), r.Header["Idempotency-Key"] != nil; {
+				case err != nil || r.Method != http.MethodPost || r.URL.Path != ew.path:
+					bad = append(bad, r.Method+" "+r.URL.Path+": "+string(body))
+				case string(body) != eventBody(ev.ID) || seen[ev.ID] || !strings.HasPrefix(ev.ID, "evt_t-m-"):
+					bad = append(bad, "id "+ev.ID+" repeated or body not eventBody(id)")
+				case ew.keyHeader && key != ev.ID, !ew.keyHeader && has:
+					bad = append(bad, "id "+ev.ID+": Idempotency-Key "+key)
+				}
+				seen[ev.ID] = true
+				w.WriteHeader(http.StatusCreated)
+			}))
+			defer srv.Close()
+			wr := wrkRun{cpu: "0", threads: 1, conns: 2, script: script, event: tpl}
+			res, out, err := wr.run(context.Background(), srv.URL+ew.path, wl, "evt_t-m", "evt_t-p", 100, time.Second)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if res.requests == 0 || len(seen) == 0 {
+				t.Fatalf("no request:\n%s", out)
+			}
+			if len(bad) > 0 {
+				t.Errorf("%d of %d requests wrong, first: %s", len(bad), len(seen), bad[0])
+			}
+		})
 	}
 }

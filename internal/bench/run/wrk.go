@@ -41,6 +41,7 @@ type wrkRun struct {
 	threads int
 	conns   int
 	script  string // path of workload.lua
+	event   string // path of the event body template (unique1k, json1k)
 }
 
 // run drives url for d (whole seconds, at least 1) with the given workload.
@@ -51,7 +52,7 @@ func (wr wrkRun) run(ctx context.Context, url, mode, uprefix, pprefix string, np
 	argv := pinned(wr.nice, wr.cpu, "wrk",
 		"-t", strconv.Itoa(wr.threads), "-c", strconv.Itoa(wr.conns),
 		"-d", fmt.Sprintf("%ds", secs), "--timeout", "10s", "-s", wr.script, url,
-		"--", mode, uprefix, pprefix, strconv.Itoa(nprimed))
+		"--", mode, uprefix, pprefix, strconv.Itoa(nprimed), wr.event)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
