@@ -80,7 +80,7 @@ func TestStartEndToEnd(t *testing.T) {
 			if got := up.Calls.Load(); got != 1 {
 				t.Errorf("upstream calls: got %v, want 1", got)
 			}
-			const replayed = `idemproxy_requests_total{outcome="replayed",route="default"} 1`
+			const replayed = `idemproxy_requests_total{key_source="header",outcome="replayed",route="default"} 1`
 			if m := getBody(t, c, admin+"/metrics"); !strings.Contains(m, replayed+"\n") {
 				t.Errorf("/metrics: want %q; got:\n%v", replayed, grepLines(m, "idemproxy_requests_total"))
 			}
