@@ -54,10 +54,13 @@ test-integration: deps ## Run only the tests of INTEGRATION_TEST_FILES (Cluster,
 	$(GO) test -race -count=1 -timeout 15m -run "^($$names)\$$" .
 
 .PHONY: fuzz
-fuzz: ## Fuzz key parsing, ROUTES parsing and record decoding for FUZZTIME each
+fuzz: ## Fuzz key parsing, ROUTES, key sources, JSON pointers and record decoding for FUZZTIME each
 	$(GO) test -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime $(FUZZTIME) ./proxy
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRoutes$$' -fuzztime $(FUZZTIME) ./proxy
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./claim
+	$(GO) test -run '^$$' -fuzz '^FuzzParseKeySource$$' -fuzztime $(FUZZTIME) ./proxy
+	$(GO) test -run '^$$' -fuzz '^FuzzJSONPointer$$' -fuzztime $(FUZZTIME) ./proxy
+	$(GO) test -run '^$$' -fuzz '^FuzzParsePointer$$' -fuzztime $(FUZZTIME) ./proxy
 
 .PHONY: lint
 lint: ## gofmt, go vet and go mod tidy must leave nothing to change
