@@ -60,13 +60,16 @@ func (h *Handler) keyAnswer(err error, pol Policy, method string) answer {
 }
 
 // bodyAnswer: the stage that buffers a keyed body. err is readBody's.
-func (h *Handler) bodyAnswer(err error) answer {
+func (h *Handler) bodyAnswer(err error, pol Policy) answer {
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
+		detail := fmt.Sprintf("Requests with an %s may carry at most %d bytes.", h.opts.KeyHeader, h.opts.MaxBodyBytes)
+		if pol.Key != nil {
+			detail = fmt.Sprintf("Requests to this route (key=%s) may carry at most %d bytes.", pol.Key.Text, h.opts.MaxBodyBytes)
+		}
 		return answer{status: http.StatusRequestEntityTooLarge, outcome: outcomeTooLarge, typ: typeBodyTooLarge,
-			title:  "Request body is too large",
-			detail: fmt.Sprintf("Requests with an %s may carry at most %d bytes.", h.opts.KeyHeader, h.opts.MaxBodyBytes)}
+			title: "Request body is too large", detail: detail}
 	case errors.Is(err, errBodyTimeout):
 		return h.bodyTimeout(fmt.Sprintf("The request body did not arrive within %v. Nothing was executed; retry with the same key.", h.opts.RequestReadTimeout))
 	}

@@ -56,7 +56,7 @@ func fingerprint(r *http.Request, body []byte, prof Fingerprint) claim.Fingerpri
 		b = appendMethodPath(b, r)
 		b = appendSortedQuery(b, r.URL.RawQuery)
 		b = append(b, 0)
-		if canon, err := jcs.Transform(body); err == nil && len(body) > 0 {
+		if canon, ok := canonicalJSON(body); ok {
 			b = append(b, 'j')
 			body = canon
 		} else {
@@ -119,4 +119,91 @@ func appendSortedQuery(b []byte, raw string) []byte {
 		b = fmt.Appendf(b, "%d:%s%d:%s", len(p.k), p.k, len(p.v), p.v)
 	}
 	return b
+}
+
+// maxCanonicalBytes bounds the bodies fingerprint=json canonicalises: the
+// JCS library builds a tree of about 100 times the body's size. Larger
+// bodies are compared byte for byte.
+const maxCanonicalBytes = 64 << 10
+
+// canonicalJSON is body's RFC 8785 form, when body is JSON of at most
+// maxCanonicalBytes whose every number survives the trip through a double
+// (JCS writes numbers as IEEE 754 doubles: 820982911946154508 and ...509
+// would compare equal). Otherwise ok is false and the bytes are compared.
+func canonicalJSON(body []byte) ([]byte, bool) {
+	if len(body) == 0 || len(body) > maxCanonicalBytes || !numbersFitDoubles(body) {
+		return nil, false
+	}
+	canon, err := jcs.Transform(body)
+	return canon, err == nil
+}
+
+// numbersFitDoubles reports whether every number literal in the JSON text
+// has at most 15 significant digits and a decimal exponent within the
+// normal double range: such decimals map to distinct doubles, so equal
+// canonical forms mean equal numbers.
+func numbersFitDoubles(doc []byte) bool {
+	for i := 0; i < len(doc); i++ {
+		switch c := doc[i]; {
+		case c == '"':
+			for i++; i < len(doc) && doc[i] != '"'; i++ {
+				if doc[i] == '\\' {
+					i++
+				}
+			}
+		case c == '-' || (c >= '0' && c <= '9'):
+			j := i
+			for j < len(doc) && strings.IndexByte("+-0123456789.eE", doc[j]) >= 0 {
+				j++
+			}
+			if !numberFitsDouble(doc[i:j]) {
+				return false
+			}
+			i = j - 1
+		}
+	}
+	return true
+}
+
+func numberFitsDouble(n []byte) bool {
+	digits, lead, exp, seenDot, fracDigits := 0, true, 0, false, 0
+	i := 0
+	for ; i < len(n) && n[i] != 'e' && n[i] != 'E'; i++ {
+		switch c := n[i]; {
+		case c == '.':
+			seenDot = true
+		case c >= '0' && c <= '9':
+			if seenDot {
+				fracDigits++
+			}
+			if lead && c == '0' {
+				continue
+			}
+			lead = false
+			digits++
+		}
+	}
+	if i < len(n) {
+		e := 0
+		neg := false
+		for _, c := range n[i+1:] {
+			switch {
+			case c == '-':
+				neg = true
+			case c >= '0' && c <= '9':
+				if e < 100000 {
+					e = e*10 + int(c-'0')
+				}
+			}
+		}
+		if neg {
+			e = -e
+		}
+		exp = e
+	}
+	if digits == 0 {
+		return true // zero, however written
+	}
+	mag := exp - fracDigits + digits // decimal magnitude of the leading digit, roughly
+	return digits <= 15 && mag > -300 && mag < 300
 }

@@ -287,7 +287,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// The key is in the body: it is read (and MAX_BODY_BYTES applies)
 			// before the key, whether or not it holds one.
 			if body, err = readBody(w, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout); err != nil {
-				h.bodyAnswer(err).write(w, &res)
+				h.bodyAnswer(err, pol).write(w, &res)
 				return
 			}
 			bodyRead = true
@@ -317,7 +317,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if !bodyRead {
 		if body, err = readBody(w, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout); err != nil {
-			h.bodyAnswer(err).write(w, &res)
+			h.bodyAnswer(err, pol).write(w, &res)
 			return
 		}
 	}
@@ -429,6 +429,10 @@ func scopeValues(r *http.Request, names, buf []string) []string {
 		vals = append(vals, "")
 	}
 	for i, name := range names {
+		if strings.EqualFold(name, "Host") { // net/http moves it out of the header map
+			vals[i] = r.Host
+			continue
+		}
 		switch vv := r.Header.Values(name); len(vv) {
 		case 0:
 		case 1:

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/textproto"
+	"net/url"
 	"strings"
+	"unicode/utf8"
 )
 
 // KeySource is a parsed route option key=SOURCE: where an at-least-once
@@ -69,10 +71,13 @@ func ParseKeySource(src string) (*KeySource, error) {
 			p := keyPart{text: text}
 			switch kind {
 			case "header":
-				if arg == "" || strings.ContainsAny(arg, " \t:,") {
-					return nil, fmt.Errorf("part %q: not a header name", text)
+				if !validHeaderName(arg) {
+					return nil, fmt.Errorf("part %q: not a header name (RFC 9110 token characters only)", text)
 				}
 				p.kind, p.name = partHeader, textproto.CanonicalMIMEHeaderKey(arg)
+				if p.name == "Host" {
+					return nil, fmt.Errorf("part %q: the Host header is not a message id; key by a header the sender sets", text)
+				}
 			case "query":
 				if arg == "" {
 					return nil, fmt.Errorf("part %q: empty query parameter name", text)
@@ -98,6 +103,21 @@ func ParseKeySource(src string) (*KeySource, error) {
 	return ks, nil
 }
 
+// validHeaderName reports whether s is an RFC 9110 token: a header name a
+// request can carry.
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // errPartInvalid: a part is present but unusable (empty, too long,
 // repeated); the message names it.
 type errPartInvalid struct{ msg string }
@@ -111,7 +131,6 @@ func (e *errPartInvalid) Error() string { return e.msg }
 // buffered request body (nil when the source reads none).
 func (ks *KeySource) derive(r *http.Request, body []byte, maxLen int) (string, error) {
 	bodyIsJSON := -1 // unknown yet
-	var query map[string][]string
 alternatives:
 	for _, alt := range ks.alts {
 		var vals [4]string
@@ -128,18 +147,27 @@ alternatives:
 					return "", &errPartInvalid{fmt.Sprintf("key part %s appears %d times; it must appear once", p.text, len(vv))}
 				}
 				v = vv[0]
+				if strings.HasPrefix(p.name, "Ce-") {
+					// The CloudEvents HTTP binding percent-encodes ce-*
+					// values; decoded, binary mode gives the id and source
+					// that structured mode carries in its JSON.
+					d, err := url.PathUnescape(v)
+					if err != nil || !utf8.ValidString(d) {
+						return "", &errPartInvalid{fmt.Sprintf("key part %s is not a valid percent-encoded CloudEvents value", p.text)}
+					}
+					v = d
+				}
 			case partQuery:
-				if query == nil {
-					query = r.URL.Query()
-				}
-				vv := query[p.name]
-				if len(vv) == 0 {
+				n, val, err := queryParam(r.URL.RawQuery, p.name)
+				switch {
+				case err != nil:
+					return "", &errPartInvalid{fmt.Sprintf("key part %s: %v", p.text, err)}
+				case n == 0:
 					continue alternatives
+				case n > 1:
+					return "", &errPartInvalid{fmt.Sprintf("key part %s appears %d times; it must appear once", p.text, n)}
 				}
-				if len(vv) > 1 {
-					return "", &errPartInvalid{fmt.Sprintf("key part %s appears %d times; it must appear once", p.text, len(vv))}
-				}
-				v = vv[0]
+				v = val
 			case partJSON:
 				if bodyIsJSON < 0 {
 					bodyIsJSON = 0
@@ -152,6 +180,12 @@ alternatives:
 				}
 				var ok bool
 				if v, ok = jsonPointerValue(body, p.tokens); !ok {
+					continue alternatives
+				}
+				if strings.ContainsRune(v, utf8.RuneError) {
+					// Invalid UTF-8 or an unpaired surrogate decodes to
+					// U+FFFD: two different ids would share one key, so
+					// such a member is no usable id: absent.
 					continue alternatives
 				}
 			}
@@ -173,4 +207,27 @@ alternatives:
 		return string(b), nil
 	}
 	return "", errNoKey
+}
+
+// queryParam counts the occurrences of name in a raw query, splitting on
+// "&" only (";" is data, as most upstreams read it), and returns the
+// decoded value of the last one. A pair that does not decode is an error,
+// never "absent": the upstream may well see that id.
+func queryParam(raw, name string) (n int, value string, err error) {
+	for pair := range strings.SplitSeq(raw, "&") {
+		k, v, _ := strings.Cut(pair, "=")
+		dk, kerr := url.QueryUnescape(k)
+		if kerr != nil {
+			dk = k // compared as written; it cannot be the name unless it is
+		}
+		if dk != name {
+			continue
+		}
+		dv, verr := url.QueryUnescape(v)
+		if verr != nil {
+			return 0, "", fmt.Errorf("its value %q does not decode", v)
+		}
+		n, value = n+1, dv
+	}
+	return n, value, nil
 }
