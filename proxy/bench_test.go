@@ -156,14 +156,7 @@ func (p phaseScripter) EvalSha(ctx context.Context, _ string, _ []string, args .
 // forward, record), with Redis and upstream answered in memory: what the
 // proxy itself costs per request, and its allocations.
 func BenchmarkHandlerOwnCost(b *testing.B) {
-	u, _ := url.Parse("http://upstream.invalid")
-	h, err := New(claim.NewStore(phaseScripter{}, "idem:", nil), Options{
-		Upstream: u, KeyHeader: "Idempotency-Key", Methods: []string{"POST"},
-		Default:      Policy{TTL: time.Hour, LockTTL: time.Minute},
-		MaxKeyLength: 255, MaxBodyBytes: 1 << 20, MaxStoredBytes: 1 << 20,
-		ScopeHeaders: []string{"Authorization"}, UpstreamTimeout: 10 * time.Second, RequestReadTimeout: 10 * time.Second,
-		Transport: roundTripperFunc(memoryUpstream),
-	})
+	h, err := New(claim.NewStore(phaseScripter{}, "idem:", nil), memoryOptions(nil))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -186,17 +179,10 @@ func (p replayScripter) EvalSha(ctx context.Context, _ string, _ []string, args 
 // BenchmarkHandlerReplayCached: a replay answered from the ReplayCache, no
 // Redis and no upstream: the proxy's whole cost for a cached replay.
 func BenchmarkHandlerReplayCached(b *testing.B) {
-	u, _ := url.Parse("http://upstream.invalid")
 	rec := (&claim.Record{Status: 201, Header: map[string][]string{
 		"Content-Type": {"application/json"}, "Content-Length": {"200"}, "Date": {"Sun, 22 Nov 2026 00:47:57 GMT"},
 	}, Body: []byte(upstreamBody)}).Encode()
-	h, err := New(claim.NewStore(replayScripter{rec: string(rec)}, "idem:", nil, claim.ReplayCache(1<<20, time.Minute)), Options{
-		Upstream: u, KeyHeader: "Idempotency-Key", Methods: []string{"POST"},
-		Default:      Policy{TTL: time.Hour, LockTTL: time.Minute},
-		MaxKeyLength: 255, MaxBodyBytes: 1 << 20, MaxStoredBytes: 1 << 20,
-		ScopeHeaders: []string{"Authorization"}, UpstreamTimeout: 10 * time.Second, RequestReadTimeout: 10 * time.Second,
-		Transport: roundTripperFunc(memoryUpstream),
-	})
+	h, err := New(claim.NewStore(replayScripter{rec: string(rec)}, "idem:", nil, claim.ReplayCache(1<<20, time.Minute)), memoryOptions(nil))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -254,14 +240,7 @@ func BenchmarkKeySource1KiB(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	u, _ := url.Parse("http://upstream.invalid")
-	h, err := New(claim.NewStore(phaseScripter{}, "idem:", nil), Options{
-		Upstream: u, KeyHeader: "Idempotency-Key", Methods: []string{"POST"}, Routes: routes,
-		Default:      Policy{TTL: time.Hour, LockTTL: time.Minute},
-		MaxKeyLength: 255, MaxBodyBytes: 1 << 20, MaxStoredBytes: 1 << 20,
-		ScopeHeaders: []string{"Authorization"}, UpstreamTimeout: 10 * time.Second, RequestReadTimeout: 10 * time.Second,
-		Transport: roundTripperFunc(memoryUpstream),
-	})
+	h, err := New(claim.NewStore(phaseScripter{}, "idem:", nil), memoryOptions(routes))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -280,5 +259,18 @@ func BenchmarkKeySource1KiB(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// memoryOptions are the options of the in-memory handler benchmarks: the
+// upstream answered by memoryUpstream, the contract's defaults otherwise.
+func memoryOptions(routes []Route) Options {
+	u, _ := url.Parse("http://upstream.invalid")
+	return Options{
+		Upstream: u, KeyHeader: "Idempotency-Key", Methods: []string{"POST"}, Routes: routes,
+		Default:      Policy{TTL: time.Hour, LockTTL: time.Minute},
+		MaxKeyLength: 255, MaxBodyBytes: 1 << 20, MaxStoredBytes: 1 << 20,
+		ScopeHeaders: []string{"Authorization"}, UpstreamTimeout: 10 * time.Second, RequestReadTimeout: 10 * time.Second,
+		Transport: roundTripperFunc(memoryUpstream),
 	}
 }
