@@ -45,7 +45,43 @@ var (
 	// enough replicas in time; it was released again. Treat it as Redis
 	// being unavailable.
 	ErrNotReplicated = errors.New("claim: not acknowledged by enough replicas")
+	// ErrUnknown: the key's outcome is unknown and held for an operator
+	// (Terms.Hold); the error is an *UnknownError.
+	ErrUnknown = errors.New("claim: outcome unknown")
 )
+
+// UnknownError is returned by Acquire for a key whose outcome is unknown: its
+// request may have executed (the upstream timed out or broke off after it
+// was sent, or its proxy died while it was in flight), and with Terms.Hold
+// it is not executed again until an operator purges the key.
+type UnknownError struct {
+	// Status is what the first request was answered (502 or 504; 504 when
+	// its claim's lock expired).
+	Status int
+	// Entered is true when this very request found the claim's lock expired
+	// and held the key as unknown.
+	Entered bool
+}
+
+func (e *UnknownError) Error() string {
+	return fmt.Sprintf("claim: outcome unknown (first answered %d)", e.Status)
+}
+
+// Is makes errors.Is(err, ErrUnknown) true.
+func (e *UnknownError) Is(target error) bool { return target == ErrUnknown }
+
+// Terms are how a claim is held.
+type Terms struct {
+	// LockTTL bounds the in-flight claim: after it, the next request takes
+	// the key over (or, with Hold, finds its outcome unknown).
+	LockTTL time.Duration
+	// TTL is how long the record is kept: a completed answer is replayed
+	// for this long, and an abandoned claim remembered.
+	TTL time.Duration
+	// Hold (ON_UNKNOWN=hold): a claim whose lock expired is never taken
+	// over; the key's outcome becomes unknown until an operator purges it.
+	Hold bool
+}
 
 var (
 	claimScript    = redis.NewScript(scripts.Claim)
@@ -61,6 +97,7 @@ const (
 	OpClaim    Op = "claim"    // claim.lua
 	OpComplete Op = "complete" // complete.lua (one event per attempt)
 	OpRelease  Op = "release"  // release.lua (one event per attempt)
+	OpHold     Op = "hold"     // complete.lua recording an unknown outcome (one event per attempt)
 	OpCacheHit Op = "cache"    // a replay answered from the ReplayCache: no round trip
 )
 
@@ -169,24 +206,31 @@ func NewKey(scope []string, key string) Key {
 	return Key(sha256.Sum256(b))
 }
 
-// String is a short form of the hash for logs (never the key itself).
-func (k Key) String() string { return hex.EncodeToString(k[:8]) }
+// String is the hash in hex, as logged (key_hash) and as `idemproxy keys`
+// takes it: never the key itself.
+func (k Key) String() string { return hex.EncodeToString(k[:]) }
 
 // Fingerprint is the SHA-256 of what makes two requests "the same".
 type Fingerprint [sha256.Size]byte
 
-// keys returns the record key and the claim-mark key; both carry the same
-// hash tag so that Redis Cluster keeps them on one slot.
+// keys returns the record key, in a one-element slice for the scripts. The
+// hash is the key's hash tag: a key that some future script pairs with it
+// lands on the same Redis Cluster slot. (Versions before the lock deadline
+// lived in the record also wrote a claim mark, RecordKey + ":m".)
 func (s *Store) keys(k Key) []string {
-	var buf [2 * sha256.Size]byte
-	hex.Encode(buf[:], k[:])
-	rec := s.prefix + "{" + string(buf[:]) + "}"
-	return []string{rec, rec + ":m"}
+	return []string{RecordKey(s.prefix, k)}
 }
 
-// Lease is a claim we hold. Exactly one of Complete or Release should be
-// called; if neither is, the claim expires after its lock TTL and the next
-// request takes it over.
+// RecordKey is the Redis key of k's record under prefix (KEY_PREFIX).
+func RecordKey(prefix string, k Key) string {
+	var buf [2 * sha256.Size]byte
+	hex.Encode(buf[:], k[:])
+	return prefix + "{" + string(buf[:]) + "}"
+}
+
+// Lease is a claim we hold. Exactly one of Complete, Hold or Release should
+// be called; if none is, the claim's lock expires after its lock TTL and the
+// next request takes it over (with Terms.Hold: finds its outcome unknown).
 type Lease struct {
 	store *Store
 	keys  []string
@@ -197,22 +241,20 @@ type Lease struct {
 	// replaced it; TakeoverAge is the time since that earlier claim began.
 	TakenOver   bool
 	TakeoverAge time.Duration
-	// Recreated is set by Complete when the claim was no longer in Redis
-	// (its lock expired, or it was lost in a failover) and nobody had
-	// claimed the key since: the answer was recorded all the same.
+	// Recreated is set by Complete or Hold when the claim was no longer in
+	// Redis (lost in a failover, or purged) or its lock had expired (or it
+	// was held as unknown), and nobody had claimed the key since: the
+	// outcome was recorded all the same.
 	Recreated bool
 }
 
 // Acquire claims key for a request with fingerprint fp, or reports why not.
 // It returns exactly one of:
-//   - a Lease: the key was free (or its earlier claim expired); forward the request;
+//   - a Lease: the key was free (or its earlier claim's lock expired); forward the request;
 //   - a Record: the key was completed for this fingerprint; replay it;
-//   - ErrInFlight or ErrMismatch (test with errors.Is);
+//   - ErrInFlight, ErrMismatch or ErrUnknown (test with errors.Is);
 //   - another error: Redis could not be asked.
-//
-// lockTTL bounds the in-flight claim; markTTL is how long an abandoned claim
-// is remembered so that its takeover can be reported (use the record TTL).
-func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, markTTL time.Duration) (*Lease, *Record, error) {
+func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, terms Terms) (*Lease, *Record, error) {
 	if s.cache != nil {
 		if cfp, rec, ok := s.cache.get(key); ok {
 			if cfp != fp {
@@ -228,7 +270,11 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, m
 	}
 	keys := s.keys(key)
 	start := time.Now()
-	v, acked, err := s.run(ctx, claimScript, keys, token, fp[:], ms(lockTTL), ms(max(markTTL, lockTTL)), s.upstream)
+	hold := ""
+	if terms.Hold {
+		hold = "1"
+	}
+	v, acked, err := s.run(ctx, claimScript, keys, token, fp[:], ms(terms.LockTTL), ms(max(terms.TTL, terms.LockTTL)), s.upstream, hold)
 	status, args, err := decodeReply(v, err)
 	if err == nil && (status == "claimed" || status == "takeover") && acked < s.waitReplicas {
 		_ = s.newLease(keys, token, fp).releaseOnce(ctx) // best effort; the lock TTL frees it otherwise
@@ -273,6 +319,12 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, lockTTL, m
 		return nil, rec, nil
 	case "inflight":
 		return nil, nil, ErrInFlight
+	case "unknown":
+		code, perr := strconv.Atoi(args[0])
+		if perr != nil || code < 100 || code > 999 {
+			return nil, nil, fmt.Errorf("claim %s: bad unknown status %q: %w", key, args[0], ErrBadRecord)
+		}
+		return nil, nil, &UnknownError{Status: code, Entered: args[1] == "held"}
 	case "mismatch":
 		return nil, nil, ErrMismatch
 	case "otherupstream":
@@ -296,9 +348,21 @@ func (s *Store) newLease(keys []string, token string, fp Fingerprint) *Lease {
 // ErrNotReplicated (wrapped) means the record was written on the master but
 // not acknowledged by enough replicas; nothing is retried then.
 func (l *Lease) Complete(ctx context.Context, rec *Record, ttl time.Duration) error {
+	return l.record(ctx, rec.Encode(), ttl, "c")
+}
+
+// Hold records that the claim's outcome is unknown (Terms.Hold): its request
+// was sent and the upstream timed out or broke off before a final status, so
+// it may have executed. Requests with this key then get status (502, 504)
+// without executing, for ttl or until an operator purges the key. It retries
+// as Complete does; a real answer recorded by this lease is never replaced.
+func (l *Lease) Hold(ctx context.Context, status int, ttl time.Duration) error {
+	return l.record(ctx, []byte(strconv.Itoa(status)), ttl, "u")
+}
+
+func (l *Lease) record(ctx context.Context, enc []byte, ttl time.Duration, state string) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CompleteBudget)
 	defer cancel()
-	enc := rec.Encode()
 	var err error
 	backoff := 50 * time.Millisecond
 	for attempt := range completeAttempts {
@@ -311,7 +375,7 @@ func (l *Lease) Complete(ctx context.Context, rec *Record, ttl time.Duration) er
 			t.Stop()
 			backoff = min(backoff*3, time.Second)
 		}
-		err = l.completeOnce(ctx, enc, ttl)
+		err = l.completeOnce(ctx, enc, ttl, state)
 		if err == nil || errors.Is(err, ErrLost) || errors.Is(err, ErrNotReplicated) || ctx.Err() != nil {
 			return err
 		}
@@ -319,10 +383,14 @@ func (l *Lease) Complete(ctx context.Context, rec *Record, ttl time.Duration) er
 	return err
 }
 
-func (l *Lease) completeOnce(ctx context.Context, enc []byte, ttl time.Duration) error {
+func (l *Lease) completeOnce(ctx context.Context, enc []byte, ttl time.Duration, state string) error {
 	start := time.Now()
-	v, acked, err := l.store.run(ctx, completeScript, l.keys, l.token, enc, ms(ttl), l.fp[:], l.store.upstream)
-	if err := l.finish(OpComplete, v, err, start); err != nil {
+	v, acked, err := l.store.run(ctx, completeScript, l.keys, l.token, enc, ms(ttl), l.fp[:], l.store.upstream, state)
+	op := OpComplete
+	if state == "u" {
+		op = OpHold
+	}
+	if err := l.finish(op, v, err, start); err != nil {
 		return err
 	}
 	if acked < l.store.waitReplicas {
@@ -402,8 +470,8 @@ func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, ar
 func (l *Lease) finish(op Op, v any, err error, start time.Time) error {
 	status, args, err := decodeReply(v, err)
 	label := resultLabel(status, err)
-	if status == "ok" && args[0] == "recreated" {
-		label = "recreated"
+	if status == "ok" && (args[0] == "recreated" || args[0] == "late") {
+		label = args[0]
 		l.Recreated = true
 	}
 	l.store.obs(Event{op, label, time.Since(start)})
@@ -464,7 +532,7 @@ func newToken() (string, error) {
 // noeviction, a script error) is not an outage: failing open on it would
 // forward every request without a guarantee while Redis is up.
 func Unavailable(err error) bool {
-	if err == nil || errors.Is(err, ErrBadRecord) || errors.Is(err, ErrInFlight) || errors.Is(err, ErrMismatch) {
+	if err == nil || errors.Is(err, ErrBadRecord) || errors.Is(err, ErrInFlight) || errors.Is(err, ErrMismatch) || errors.Is(err, ErrUnknown) {
 		return false
 	}
 	if errors.Is(err, ErrNotReplicated) {

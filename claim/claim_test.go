@@ -58,17 +58,17 @@ func TestAcquireLifecycle(t *testing.T) {
 			s := claim.NewStore(be.rdb, "test:", nil)
 			key := claim.NewKey([]string{"Bearer a"}, "k1")
 
-			lease, rec, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+			lease, rec, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 			if err != nil || lease == nil || rec != nil {
 				t.Fatalf("first Acquire = %v, %v, %v; want a lease", lease, rec, err)
 			}
 			if lease.TakenOver {
 				t.Errorf("fresh claim reported as takeover")
 			}
-			if _, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); !errors.Is(err, claim.ErrInFlight) {
+			if _, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); !errors.Is(err, claim.ErrInFlight) {
 				t.Errorf("duplicate while in flight: got %v, want ErrInFlight", err)
 			}
-			if _, _, err := s.Acquire(ctx, key, fp("B"), time.Minute, time.Hour); !errors.Is(err, claim.ErrMismatch) {
+			if _, _, err := s.Acquire(ctx, key, fp("B"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); !errors.Is(err, claim.ErrMismatch) {
 				t.Errorf("other fingerprint while in flight: got %v, want ErrMismatch", err)
 			}
 
@@ -77,14 +77,14 @@ func TestAcquireLifecycle(t *testing.T) {
 			if err := lease.Complete(ctx, want, time.Hour); err != nil {
 				t.Fatalf("Complete: %v", err)
 			}
-			_, got, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+			_, got, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 			if err != nil || got == nil {
 				t.Fatalf("Acquire after completion = %v, %v; want a record", got, err)
 			}
 			if got.Status != 201 || !bytes.Equal(got.Body, body) || got.Header["Content-Type"][0] != "application/octet-stream" {
 				t.Errorf("got %+v, want %+v", got, want)
 			}
-			if _, _, err := s.Acquire(ctx, key, fp("B"), time.Minute, time.Hour); !errors.Is(err, claim.ErrMismatch) {
+			if _, _, err := s.Acquire(ctx, key, fp("B"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); !errors.Is(err, claim.ErrMismatch) {
 				t.Errorf("other fingerprint after completion: got %v, want ErrMismatch", err)
 			}
 			// Completing again with the same lease is a no-op success (a
@@ -93,7 +93,7 @@ func TestAcquireLifecycle(t *testing.T) {
 			if err := lease.Complete(ctx, &claim.Record{Status: 500}, time.Hour); err != nil {
 				t.Errorf("second Complete: got %v, want nil", err)
 			}
-			if _, got, _ := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); got == nil || got.Status != 201 {
+			if _, got, _ := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); got == nil || got.Status != 201 {
 				t.Errorf("second Complete overwrote the record: %+v", got)
 			}
 			if err := lease.Release(ctx); !errors.Is(err, claim.ErrLost) {
@@ -123,14 +123,14 @@ func TestReleaseLetsRetryExecute(t *testing.T) {
 		t.Run(be.name, func(t *testing.T) {
 			s := claim.NewStore(be.rdb, "test:", nil)
 			key := claim.NewKey(nil, "rel")
-			lease, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+			lease, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if err := lease.Release(ctx); err != nil {
 				t.Fatalf("Release: %v", err)
 			}
-			lease2, _, err := s.Acquire(ctx, key, fp("B"), time.Minute, time.Hour)
+			lease2, _, err := s.Acquire(ctx, key, fp("B"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 			if err != nil || lease2 == nil {
 				t.Fatalf("Acquire after release = %v, %v; want a lease (even for another fingerprint)", lease2, err)
 			}
@@ -148,13 +148,13 @@ func TestFencing(t *testing.T) {
 		t.Run(be.name, func(t *testing.T) {
 			s := claim.NewStore(be.rdb, "test:", nil)
 			key := claim.NewKey(nil, "fence")
-			old, _, err := s.Acquire(ctx, key, fp("A"), 100*time.Millisecond, time.Hour)
+			old, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: 100 * time.Millisecond, TTL: time.Hour})
 			if err != nil {
 				t.Fatal(err)
 			}
 			be.advance(t, 250*time.Millisecond) // Redis expires the lock (PX)
 
-			taker, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+			taker, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 			if err != nil || taker == nil {
 				t.Fatalf("Acquire after lock expiry = %v, %v; want a lease", taker, err)
 			}
@@ -168,13 +168,13 @@ func TestFencing(t *testing.T) {
 				t.Errorf("stale Complete: got %v, want ErrLost", err)
 			}
 			// The new owner is untouched: still in flight, then completes.
-			if _, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); !errors.Is(err, claim.ErrInFlight) {
+			if _, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); !errors.Is(err, claim.ErrInFlight) {
 				t.Errorf("after stale writes: got %v, want ErrInFlight", err)
 			}
 			if err := taker.Complete(ctx, &claim.Record{Status: 200, Body: []byte("fresh")}, time.Hour); err != nil {
 				t.Fatalf("Complete by new owner: %v", err)
 			}
-			_, rec, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+			_, rec, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 			if err != nil || string(rec.Body) != "fresh" {
 				t.Errorf("replay = %v, %v; want the new owner's record", rec, err)
 			}
@@ -191,18 +191,18 @@ func TestRecordExpiresAfterTTL(t *testing.T) {
 		t.Run(be.name, func(t *testing.T) {
 			s := claim.NewStore(be.rdb, "test:", nil)
 			key := claim.NewKey(nil, "ttl")
-			lease, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+			lease, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if err := lease.Complete(ctx, &claim.Record{Status: 200}, 200*time.Millisecond); err != nil {
 				t.Fatal(err)
 			}
-			if _, rec, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); err != nil || rec == nil {
+			if _, rec, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err != nil || rec == nil {
 				t.Fatalf("before TTL: got %v, %v; want a record", rec, err)
 			}
 			be.advance(t, 400*time.Millisecond)
-			lease, _, err = s.Acquire(ctx, key, fp("B"), time.Minute, time.Hour)
+			lease, _, err = s.Acquire(ctx, key, fp("B"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 			if err != nil || lease == nil {
 				t.Fatalf("after TTL: got %v, %v; want a fresh lease", lease, err)
 			}
@@ -228,7 +228,7 @@ func TestNoScript(t *testing.T) {
 			t.Fatal(err)
 		}
 		key := claim.NewKey(nil, fmt.Sprint("noscript", i))
-		lease, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+		lease, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 		if err != nil {
 			t.Fatalf("Acquire after SCRIPT FLUSH: %v", err)
 		}
@@ -260,7 +260,7 @@ func TestConcurrentAcquire(t *testing.T) {
 			s := claim.NewStore(redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 1}), "test:", nil)
 			wg.Go(func() {
 				<-start
-				lease, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+				lease, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 				switch {
 				case err == nil && lease != nil:
 					leases.Add(1)
@@ -283,28 +283,28 @@ func TestRedisDown(t *testing.T) {
 	srv := redistest.Start(t)
 	s := claim.NewStore(srv.Client(), "test:", nil)
 	srv.Kill()
-	_, _, err := s.Acquire(ctx, claim.NewKey(nil, "down"), fp("A"), time.Minute, time.Hour)
+	_, _, err := s.Acquire(ctx, claim.NewKey(nil, "down"), fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 	if err == nil || errors.Is(err, claim.ErrInFlight) || errors.Is(err, claim.ErrMismatch) {
 		t.Fatalf("Acquire with Redis down: got %v, want a connection error", err)
 	}
 	srv.Restart()
-	if _, _, err := s.Acquire(ctx, claim.NewKey(nil, "down"), fp("A"), time.Minute, time.Hour); err != nil {
+	if _, _, err := s.Acquire(ctx, claim.NewKey(nil, "down"), fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err != nil {
 		t.Fatalf("Acquire after restart: %v", err)
 	}
 }
 
-// TestKeysShareHashTag: both keys of a claim land on one Cluster slot, and
+// TestKeysShareHashTag: the record key carries the key hash as its Cluster hash tag, and
 // neither contains the raw key or scope.
 func TestKeysShareHashTag(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	s := claim.NewStore(rdb, "pfx:", nil)
-	if _, _, err := s.Acquire(ctx, claim.NewKey([]string{"Bearer secret-token"}, "my-raw-key"), fp("A"), time.Minute, time.Hour); err != nil {
+	if _, _, err := s.Acquire(ctx, claim.NewKey([]string{"Bearer secret-token"}, "my-raw-key"), fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	keys := mr.Keys()
-	if len(keys) != 2 {
-		t.Fatalf("keys %v, want a record and a claim mark", keys)
+	if len(keys) != 1 {
+		t.Fatalf("keys %v, want one record", keys)
 	}
 	tag := func(k string) string {
 		i, j := bytes.IndexByte([]byte(k), '{'), bytes.IndexByte([]byte(k), '}')
@@ -313,8 +313,8 @@ func TestKeysShareHashTag(t *testing.T) {
 		}
 		return k[i : j+1]
 	}
-	if tag(keys[0]) != tag(keys[1]) {
-		t.Errorf("keys %v have different hash tags", keys)
+	if len(tag(keys[0])) != 66 {
+		t.Errorf("key %q: want a hash tag of the 64-hex key hash", keys[0])
 	}
 	for _, k := range keys {
 		if !bytes.HasPrefix([]byte(k), []byte("pfx:")) {
@@ -354,7 +354,7 @@ func TestAutoPipeline(t *testing.T) {
 		for range 50 {
 			wg.Go(func() {
 				<-start
-				lease, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+				lease, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 				switch {
 				case err == nil && lease != nil:
 					leases.Add(1)
@@ -378,7 +378,7 @@ func TestAutoPipeline(t *testing.T) {
 	}
 	srv.Kill()
 	began := time.Now()
-	if _, _, err := s.Acquire(ctx, claim.NewKey(nil, "down"), fp("A"), time.Minute, time.Hour); err == nil {
+	if _, _, err := s.Acquire(ctx, claim.NewKey(nil, "down"), fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err == nil {
 		t.Fatalf("Acquire with Redis down succeeded")
 	}
 	if took := time.Since(began); took > time.Second {
@@ -400,7 +400,7 @@ func TestCompleteAfterExpiry(t *testing.T) {
 				}
 			}, claim.Upstream("http://a"))
 			key := claim.NewKey(nil, "expired")
-			lease, _, err := s.Acquire(ctx, key, fp("A"), 100*time.Millisecond, time.Hour)
+			lease, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: 100 * time.Millisecond, TTL: time.Hour})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -408,21 +408,21 @@ func TestCompleteAfterExpiry(t *testing.T) {
 			if err := lease.Complete(ctx, &claim.Record{Status: 201, Body: []byte("late")}, time.Hour); err != nil {
 				t.Fatalf("Complete after expiry: %v, want the answer recorded", err)
 			}
-			if !lease.Recreated || len(results) != 1 || results[0] != "recreated" {
-				t.Errorf("Recreated %v, observed %v; want true, [recreated]", lease.Recreated, results)
+			if !lease.Recreated || len(results) != 1 || results[0] != "late" {
+				t.Errorf("Recreated %v, observed %v; want true, [late]", lease.Recreated, results)
 			}
 			// A resend of the same completion (reply lost) is still ok.
 			if err := lease.Complete(ctx, &claim.Record{Status: 201, Body: []byte("late")}, time.Hour); err != nil {
 				t.Errorf("resent Complete: %v", err)
 			}
-			if _, rec, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); err != nil || rec == nil || string(rec.Body) != "late" {
+			if _, rec, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err != nil || rec == nil || string(rec.Body) != "late" {
 				t.Fatalf("retry after a recreated record: %v %v, want the replay", rec, err)
 			}
-			if _, _, err := s.Acquire(ctx, key, fp("B"), time.Minute, time.Hour); !errors.Is(err, claim.ErrMismatch) {
+			if _, _, err := s.Acquire(ctx, key, fp("B"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); !errors.Is(err, claim.ErrMismatch) {
 				t.Errorf("other fingerprint: %v, want ErrMismatch", err)
 			}
 			other := claim.NewStore(be.rdb, "test:", nil, claim.Upstream("http://b"))
-			if _, _, err := other.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); !errors.Is(err, claim.ErrOtherUpstream) {
+			if _, _, err := other.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); !errors.Is(err, claim.ErrOtherUpstream) {
 				t.Errorf("other upstream: %v, want ErrOtherUpstream", err)
 			}
 		})
@@ -436,18 +436,18 @@ func TestCompleteAfterTakeover(t *testing.T) {
 		t.Run(be.name, func(t *testing.T) {
 			s := claim.NewStore(be.rdb, "test:", nil)
 			key := claim.NewKey(nil, "takenover")
-			old, _, err := s.Acquire(ctx, key, fp("A"), 100*time.Millisecond, time.Hour)
+			old, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: 100 * time.Millisecond, TTL: time.Hour})
 			if err != nil {
 				t.Fatal(err)
 			}
 			be.advance(t, 250*time.Millisecond)
-			if _, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); err != nil {
+			if _, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err != nil {
 				t.Fatalf("takeover: %v", err)
 			}
 			if err := old.Complete(ctx, &claim.Record{Status: 201}, time.Hour); !errors.Is(err, claim.ErrLost) || old.Recreated {
 				t.Errorf("late Complete: %v (recreated %v), want ErrLost", err, old.Recreated)
 			}
-			if _, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); !errors.Is(err, claim.ErrInFlight) {
+			if _, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); !errors.Is(err, claim.ErrInFlight) {
 				t.Errorf("after the late completion: %v, want the takeover still in flight", err)
 			}
 		})
@@ -463,33 +463,33 @@ func TestUpstreamBinding(t *testing.T) {
 			a := claim.NewStore(be.rdb, "test:", nil, claim.Upstream("http://service-a"))
 			b := claim.NewStore(be.rdb, "test:", nil, claim.Upstream("http://service-b"))
 			key := claim.NewKey(nil, "shared")
-			lease, _, err := a.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+			lease, _, err := a.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, _, err := b.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); !errors.Is(err, claim.ErrOtherUpstream) || !errors.Is(err, claim.ErrMismatch) {
+			if _, _, err := b.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); !errors.Is(err, claim.ErrOtherUpstream) || !errors.Is(err, claim.ErrMismatch) {
 				t.Errorf("in flight, other upstream: %v, want ErrOtherUpstream", err)
 			}
 			if err := lease.Complete(ctx, &claim.Record{Status: 201, Body: []byte("a")}, time.Hour); err != nil {
 				t.Fatal(err)
 			}
-			if _, rec, err := b.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); !errors.Is(err, claim.ErrOtherUpstream) || rec != nil {
+			if _, rec, err := b.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); !errors.Is(err, claim.ErrOtherUpstream) || rec != nil {
 				t.Errorf("completed, other upstream: %v %v, want ErrOtherUpstream and no record", rec, err)
 			}
-			if _, rec, err := a.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); err != nil || string(rec.Body) != "a" {
+			if _, rec, err := a.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err != nil || string(rec.Body) != "a" {
 				t.Errorf("same upstream: %v %v, want the replay", rec, err)
 			}
 			// A record without an upstream (an older version wrote it) is replayed.
 			plain := claim.NewStore(be.rdb, "test:", nil)
 			old := claim.NewKey(nil, "old")
-			l2, _, err := plain.Acquire(ctx, old, fp("A"), time.Minute, time.Hour)
+			l2, _, err := plain.Acquire(ctx, old, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if err := l2.Complete(ctx, &claim.Record{Status: 200, Body: []byte("old")}, time.Hour); err != nil {
 				t.Fatal(err)
 			}
-			if _, rec, err := b.Acquire(ctx, old, fp("A"), time.Minute, time.Hour); err != nil || string(rec.Body) != "old" {
+			if _, rec, err := b.Acquire(ctx, old, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err != nil || string(rec.Body) != "old" {
 				t.Errorf("record without upstream: %v %v, want the replay", rec, err)
 			}
 		})
@@ -508,7 +508,7 @@ func TestUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := claim.NewStore(rdb, "test:", nil)
-	_, _, err := s.Acquire(ctx, claim.NewKey(nil, "oom"), fp("A"), time.Minute, time.Hour)
+	_, _, err := s.Acquire(ctx, claim.NewKey(nil, "oom"), fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 	if err == nil {
 		t.Fatal("claim succeeded with maxmemory 1 byte")
 	}
@@ -516,7 +516,7 @@ func TestUnavailable(t *testing.T) {
 		t.Errorf("OOM reply %v counted as unavailable", err)
 	}
 	srv.Kill()
-	_, _, err = s.Acquire(ctx, claim.NewKey(nil, "down"), fp("A"), time.Minute, time.Hour)
+	_, _, err = s.Acquire(ctx, claim.NewKey(nil, "down"), fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 	if err == nil || !claim.Unavailable(err) {
 		t.Errorf("Redis down: %v, want an unavailable error", err)
 	}
@@ -543,21 +543,21 @@ func TestReplayCache(t *testing.T) {
 		}
 	}, claim.ReplayCache(1<<20, time.Minute))
 	key := claim.NewKey(nil, "cached")
-	lease, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+	lease, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := lease.Complete(ctx, &claim.Record{Status: 201, Body: []byte("first")}, 400*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	if _, rec, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); err != nil || string(rec.Body) != "first" {
+	if _, rec, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err != nil || string(rec.Body) != "first" {
 		t.Fatalf("replay from Redis: %v %v", rec, err)
 	}
 	srv.Kill()
-	if _, rec, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); err != nil || string(rec.Body) != "first" {
+	if _, rec, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err != nil || string(rec.Body) != "first" {
 		t.Fatalf("replay from the cache with Redis down: %v %v", rec, err)
 	}
-	if _, _, err := s.Acquire(ctx, key, fp("B"), time.Minute, time.Hour); !errors.Is(err, claim.ErrMismatch) {
+	if _, _, err := s.Acquire(ctx, key, fp("B"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); !errors.Is(err, claim.ErrMismatch) {
 		t.Errorf("other fingerprint from the cache: %v, want ErrMismatch", err)
 	}
 	if hits.Load() != 1 { // the replay; a mismatch is not a hit
@@ -565,7 +565,7 @@ func TestReplayCache(t *testing.T) {
 	}
 	srv.Restart()
 	time.Sleep(500 * time.Millisecond) // past the record's 400ms TTL
-	if lease, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour); err != nil || lease == nil {
+	if lease, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err != nil || lease == nil {
 		t.Errorf("after the TTL: %v %v, want a fresh claim (not a cached replay)", lease, err)
 	}
 }

@@ -25,12 +25,12 @@ func ExampleStore() {
 	key := claim.NewKey([]string{"Bearer sk_test"}, "order-42")
 	var fp claim.Fingerprint // SHA-256 of method, path, query and body
 
-	lease, _, _ := store.Acquire(ctx, key, fp, time.Minute, 24*time.Hour)
-	_, _, err := store.Acquire(ctx, key, fp, time.Minute, 24*time.Hour)
+	lease, _, _ := store.Acquire(ctx, key, fp, claim.Terms{LockTTL: time.Minute, TTL: 24 * time.Hour})
+	_, _, err := store.Acquire(ctx, key, fp, claim.Terms{LockTTL: time.Minute, TTL: 24 * time.Hour})
 	fmt.Println("duplicate while running:", err)
 
 	_ = lease.Complete(ctx, &claim.Record{Status: 201, Body: []byte(`{"order":42}`)}, 24*time.Hour)
-	_, rec, _ := store.Acquire(ctx, key, fp, time.Minute, 24*time.Hour)
+	_, rec, _ := store.Acquire(ctx, key, fp, claim.Terms{LockTTL: time.Minute, TTL: 24 * time.Hour})
 	fmt.Println("retry replays:", rec.Status, string(rec.Body))
 	// Output:
 	// duplicate while running: claim: in flight

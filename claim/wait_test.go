@@ -34,7 +34,7 @@ func TestWaitReplicas(t *testing.T) {
 
 	s := claim.NewStore(mc, "test:", nil, claim.WaitReplicas(1, 3*time.Second))
 	key := claim.NewKey(nil, "replicated")
-	lease, _, err := s.Acquire(ctx, key, fp("A"), time.Minute, time.Hour)
+	lease, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 	if err != nil {
 		t.Fatalf("Acquire with a live replica: %v", err)
 	}
@@ -53,7 +53,7 @@ func TestWaitReplicas(t *testing.T) {
 	if err := mc.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.Acquire(ctx, claim.NewKey(nil, "after-flush"), fp("A"), time.Minute, time.Hour); err != nil {
+	if _, _, err := s.Acquire(ctx, claim.NewKey(nil, "after-flush"), fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err != nil {
 		t.Fatalf("Acquire after SCRIPT FLUSH: %v", err)
 	}
 
@@ -61,7 +61,7 @@ func TestWaitReplicas(t *testing.T) {
 	s = claim.NewStore(mc, "test:", nil, claim.WaitReplicas(1, 500*time.Millisecond))
 	start := time.Now()
 	lone := claim.NewKey(nil, "unreplicated")
-	_, _, err = s.Acquire(ctx, lone, fp("A"), time.Minute, time.Hour)
+	_, _, err = s.Acquire(ctx, lone, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 	if !errors.Is(err, claim.ErrNotReplicated) {
 		t.Fatalf("Acquire without replica: got %v, want ErrNotReplicated", err)
 	}
@@ -69,7 +69,7 @@ func TestWaitReplicas(t *testing.T) {
 		t.Errorf("gave up after %v, before the 500ms WAIT timeout", took)
 	}
 	// Released, not left in flight: a store without WaitReplicas claims it.
-	if lease, _, err := claim.NewStore(mc, "test:", nil).Acquire(ctx, lone, fp("A"), time.Minute, time.Hour); err != nil || lease == nil {
+	if lease, _, err := claim.NewStore(mc, "test:", nil).Acquire(ctx, lone, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err != nil || lease == nil {
 		t.Errorf("after ErrNotReplicated: got %v, %v; want the key free", lease, err)
 	}
 }

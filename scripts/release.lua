@@ -2,14 +2,13 @@
 -- claim is still ours (the upstream never ran, or answered 5xx).
 --
 -- KEYS[1]  record key  <prefix>{<hash>}
--- KEYS[2]  claim mark  <prefix>{<hash>}:m
 -- ARGV[1]  token       the claimant's token
 --
--- Reply: {"ok"}, or {"lost"} when the record is gone or held under another
--- token: nothing is deleted then.
+-- Reply: {"ok"}, or {"lost"} when the record is gone, no longer in flight or
+-- held under another token: nothing is deleted then.
 local cur = redis.call('HMGET', KEYS[1], 'st', 'tok')
 if cur[1] ~= 'i' or cur[2] ~= ARGV[1] then
   return {'lost'}
 end
-redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('DEL', KEYS[1])
 return {'ok'}
