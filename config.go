@@ -55,6 +55,9 @@ type Config struct {
 	WaitTimeout            time.Duration `env:"WAIT_TIMEOUT" envDefault:"0s"`
 	On5xx                  string        `env:"ON_5XX" envDefault:"release"`
 	Fingerprint            string        `env:"FINGERPRINT" envDefault:"strict"`
+	OnUnknown              string        `env:"ON_UNKNOWN" envDefault:"expire"`
+	Mode                   string        `env:"MODE" envDefault:"enforce"`
+	DocsURL                string        `env:"DOCS_URL"`
 	Routes                 string        `env:"ROUTES"`
 	LogLevel               string        `env:"LOG_LEVEL" envDefault:"info"`
 	LogFormat              string        `env:"LOG_FORMAT" envDefault:"json"`
@@ -432,6 +435,17 @@ func (c *Config) checkModes(k *checker) {
 	if c.On5xx != "release" && c.On5xx != "store" {
 		k.bad("ON_5XX=%q: want release or store", c.On5xx)
 	}
+	if c.OnUnknown != "expire" && c.OnUnknown != "hold" {
+		k.bad("ON_UNKNOWN=%q: want expire or hold", c.OnUnknown)
+	}
+	if c.Mode != "enforce" && c.Mode != "observe" {
+		k.bad("MODE=%q: want enforce or observe", c.Mode)
+	}
+	if c.DocsURL != "" {
+		if err := checkDocsURL(c.DocsURL); err != nil {
+			k.bad("DOCS_URL=%q: %v", redactURL(c.DocsURL), err)
+		}
+	}
 	if c.LogFormat != "json" && c.LogFormat != "console" {
 		k.bad("LOG_FORMAT=%q: want json or console", c.LogFormat)
 	}
@@ -592,7 +606,32 @@ func (c *Config) policy() proxy.Policy {
 		Wait:     c.WaitTimeout,
 		FailOpen: c.FailMode == "open",
 		Store5xx: c.On5xx == "store",
+		Hold:     c.OnUnknown == "hold",
+		Observe:  c.Mode == "observe",
 		// The global profile; a route's fingerprint= overrides it.
 		Fingerprint: c.fp,
 	}
+}
+
+// checkDocsURL accepts an absolute http(s) URL that can stand between the
+// angle brackets of a Link header as it is: no spaces, quotes, angle
+// brackets or control characters, and no credentials.
+func checkDocsURL(s string) error {
+	for _, r := range s {
+		if r <= ' ' || r == 0x7f || r > 0x7e || strings.ContainsRune(`<>"\`, r) {
+			return fmt.Errorf("must not contain %q (percent-encode it)", r)
+		}
+	}
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		return fmt.Errorf("not a URL: %w", urlErrorReason(err))
+	case u.Scheme != "http" && u.Scheme != "https":
+		return errors.New("want an absolute http:// or https:// URL")
+	case u.Host == "":
+		return errors.New("has no host")
+	case u.User != nil:
+		return errors.New("must not carry credentials: it is sent to every client")
+	}
+	return nil
 }

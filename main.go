@@ -146,6 +146,7 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 		ScopeHeaders:       cfg.ScopeHeaders,
 		UpstreamTimeout:    cfg.UpstreamTimeout,
 		RequestReadTimeout: cfg.RequestReadTimeout,
+		DocsURL:            cfg.DocsURL,
 		Logger:             logger,
 		Metrics:            metrics,
 	})

@@ -40,7 +40,7 @@ func TestWaitTimeoutAboveReadTimeout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	begun := time.Now()
-	lease, rec, err := s.Acquire(ctx, claim.NewKey([]string{""}, "wait-1"), claim.Fingerprint{1}, time.Minute, time.Hour)
+	lease, rec, err := s.Acquire(ctx, claim.NewKey([]string{""}, "wait-1"), claim.Fingerprint{1}, claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 	took := time.Since(begun)
 	if lease != nil || rec != nil || !errors.Is(err, claim.ErrNotReplicated) {
 		t.Fatalf("claim with no replica and REDIS_WAIT_TIMEOUT=%v: got lease %v record %v err %v after %v; want ErrNotReplicated", wait, lease, rec, err, took)

@@ -24,6 +24,7 @@ type answer struct {
 	detail     string
 	retryAfter bool // Retry-After: 1 (the contract's value for 409 and 503)
 	closeConn  bool // the request body stalled: the connection is not reused
+	replayed   bool // Idempotent-Replayed: true (an unknown outcome's answer)
 }
 
 // forwarded reports whether the answer is to forward the request rather
@@ -85,6 +86,10 @@ func (h *Handler) bodyTimeout(detail string) answer {
 // claimAnswer: the stage that claims the key, for every error Acquire
 // returns. clientGone is the request context's error.
 func (h *Handler) claimAnswer(err, clientGone error, pol Policy) answer {
+	var unknown *claim.UnknownError
+	if errors.As(err, &unknown) {
+		return unknownAnswer(unknown.Status)
+	}
 	compared := [...]string{
 		FingerprintStrict: "another method, path, query or body (fingerprint=strict)",
 		FingerprintJSON:   "another method, path, set of query parameters or JSON body (fingerprint=json: member order and whitespace do not count)",
@@ -116,6 +121,43 @@ func (h *Handler) claimAnswer(err, clientGone error, pol Policy) answer {
 	return answer{status: http.StatusServiceUnavailable, outcome: outcomeStoreError, typ: typeStoreUnavailable,
 		title: "Idempotency store is unavailable", detail: "The request was not forwarded. Retry later with the same key.",
 		retryAfter: true}
+}
+
+// unknownAnswer is the answer for a key whose outcome is unknown and held
+// (ON_UNKNOWN=hold): the first answer's status, never an execution. No
+// Retry-After: retrying changes nothing until an operator purges the key.
+func unknownAnswer(status int) answer {
+	return answer{status: status, outcome: outcomeUnknown, typ: typeOutcomeUnknown,
+		title: "Outcome of the original request is unknown", replayed: true,
+		detail: "The first request with this key was sent upstream, but its outcome is unknown (the upstream timed out or broke off, or the proxy handling it stopped). " +
+			"It is not executed again; an operator can inspect the key and purge it (idemproxy keys), after which the next request executes."}
+}
+
+// observeAnswer turns what enforcing would answer into observe mode's
+// outcome: the request is forwarded as it is, unclaimed. ok is false for a
+// stage answer that forwards anyway, or that observe keeps (a body that
+// could not be read at all).
+func observeAnswer(a answer) (outcome string, ok bool) {
+	switch a.outcome {
+	case outcomeInvalid, outcomeTooLarge:
+		if a.typ == typeBodyUnreadable {
+			return "", false
+		}
+		return outcomeWouldReject, true
+	case outcomeMismatch:
+		return outcomeWouldMismatch, true
+	case outcomeInFlight:
+		if a.status == 499 {
+			return "", false // the client left while waiting
+		}
+		return outcomeWouldConflict, true
+	case outcomeUnknown, outcomeReplayed:
+		return outcomeWouldReplay, true
+	case outcomeStoreError, outcomeFailOpen:
+		// Never 503 in observe: the guarantee is not being given anyway.
+		return outcomeStoreError, true
+	}
+	return "", false
 }
 
 // upstreamAnswer: the stage that forwards, for a round trip that failed
@@ -168,6 +210,12 @@ func (a answer) write(w http.ResponseWriter, res *result) {
 	}
 	if a.closeConn {
 		w.Header().Set("Connection", "close")
+	}
+	if a.replayed {
+		w.Header()["Idempotent-Replayed"] = replayedTrue
+	}
+	if res.docsLink != nil {
+		w.Header()["Link"] = res.docsLink
 	}
 	detail := a.detail
 	if detail == "" {

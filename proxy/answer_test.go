@@ -62,6 +62,9 @@ func TestBehaviourTable(t *testing.T) {
 		{"upstream timed out after sending", upstreamAnswer(timeout, false), 504, outcomeUpstreamError, typeUpstreamTimeout, false},
 		{"connection reset after sending", upstreamAnswer(errors.New("connection reset"), false), 502, outcomeUpstreamError, typeUpstreamFailed, false},
 		{"lock expired: takeover", recordAnswer(201, Policy{}, true), 201, outcomeTakeover, "", false},
+		{"outcome unknown (hold), after a timeout", h.claimAnswer(&claim.UnknownError{Status: 504}, nil, open), 504, outcomeUnknown, typeOutcomeUnknown, false},
+		{"outcome unknown (hold), after a reset", h.claimAnswer(&claim.UnknownError{Status: 502}, nil, Policy{}), 502, outcomeUnknown, typeOutcomeUnknown, false},
+		{"outcome unknown (hold), lock expired", h.claimAnswer(&claim.UnknownError{Status: 504, Entered: true}, nil, Policy{}), 504, outcomeUnknown, typeOutcomeUnknown, false},
 	}
 	for _, r := range rows {
 		if r.got.status != r.status || r.got.outcome != r.outcome || r.got.typ != r.typ || r.got.retryAfter != r.retry {
@@ -70,6 +73,46 @@ func TestBehaviourTable(t *testing.T) {
 		}
 		if r.got.typ != "" && r.got.title == "" {
 			t.Errorf("%s: problem without a title", r.situation)
+		}
+		if r.got.replayed != (r.outcome == outcomeUnknown) {
+			t.Errorf("%s: Idempotent-Replayed %v", r.situation, r.got.replayed)
+		}
+	}
+}
+
+// TestObserveTable: in observe mode, what enforcing would have answered
+// becomes an outcome, and the request is forwarded.
+func TestObserveTable(t *testing.T) {
+	u, _ := url.Parse("http://127.0.0.1:1")
+	h, err := New(nil, Options{Upstream: u, KeyHeader: "Idempotency-Key", UpstreamTimeout: time.Second,
+		RequestReadTimeout: time.Second, MaxBodyBytes: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	redisDown := fmt.Errorf("claim x: %w", &net.OpError{Op: "dial", Err: errors.New("connection refused")})
+	rows := []struct {
+		situation string
+		enforce   answer
+		outcome   string // "" when observe answers as enforce does
+	}{
+		{"no key, key required", h.keyAnswer(errNoKey, Policy{Required: true}, "POST"), outcomeWouldReject},
+		{"key invalid", h.keyAnswer(errors.New("comma"), Policy{}, "POST"), outcomeWouldReject},
+		{"body too large", h.bodyAnswer(&http.MaxBytesError{Limit: 10}, Policy{}), outcomeWouldReject},
+		{"body not in time", h.bodyAnswer(errBodyTimeout, Policy{}), outcomeWouldReject},
+		{"body unreadable (the client broke off)", h.bodyAnswer(errors.New("unexpected EOF"), Policy{}), ""},
+		{"different fingerprint", h.claimAnswer(claim.ErrMismatch, nil, Policy{}), outcomeWouldMismatch},
+		{"first in flight", h.claimAnswer(claim.ErrInFlight, nil, Policy{}), outcomeWouldConflict},
+		{"client left while waiting", h.claimAnswer(context.Canceled, context.Canceled, Policy{}), ""},
+		{"first completed", answer{status: 201, outcome: outcomeReplayed}, outcomeWouldReplay},
+		{"outcome unknown", h.claimAnswer(&claim.UnknownError{Status: 504}, nil, Policy{}), outcomeWouldReplay},
+		{"Redis unreachable", h.claimAnswer(redisDown, nil, Policy{}), outcomeStoreError},
+		{"Redis unreachable, fail open", h.claimAnswer(redisDown, nil, Policy{FailOpen: true}), outcomeStoreError},
+		{"record unreadable", h.claimAnswer(claim.ErrBadRecord, nil, Policy{}), outcomeStoreError},
+	}
+	for _, r := range rows {
+		got, ok := observeAnswer(r.enforce)
+		if (r.outcome == "") == ok || got != r.outcome {
+			t.Errorf("%s: observe gives %q (forwarded %v), want %q", r.situation, got, ok, r.outcome)
 		}
 	}
 }

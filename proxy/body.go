@@ -25,13 +25,15 @@ var errBodyTimeout = errors.New("request body not received within REQUEST_READ_T
 
 // readBody reads a keyed request's body, at most limit bytes, within
 // timeout. It holds at most what has arrived plus one chunk until the body is
-// complete, then copies it into one slice of its real size.
+// complete, then copies it into one slice of its real size. When the body is
+// too large or too slow, it returns what it consumed with the error (at most
+// limit plus one chunk), so that observe mode can still forward it whole.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.Duration) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
 	if r.ContentLength > limit {
-		return nil, &http.MaxBytesError{Limit: limit}
+		return nil, &http.MaxBytesError{Limit: limit} // nothing read
 	}
 	rc := http.NewResponseController(w)
 	if err := rc.SetReadDeadline(time.Now().Add(timeout)); err == nil {
@@ -41,9 +43,20 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.
 	}
 	b, err := readChunked(r.Body, r.ContentLength, limit)
 	if isTimeout(err) {
-		return nil, errBodyTimeout
+		return b, errBodyTimeout
 	}
 	return b, err
+}
+
+// unreadBody gives r back the body readBody consumed in part: prefix, then
+// the rest still on the connection.
+func unreadBody(r *http.Request, prefix []byte) {
+	if len(prefix) > 0 {
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(prefix), r.Body), r.Body}
+	}
 }
 
 // readChunked reads all of body (declared bytes, or -1 for unknown) into a
@@ -52,8 +65,8 @@ func readChunked(body io.Reader, declared, limit int64) ([]byte, error) {
 	if declared >= 0 && declared <= bodyChunk {
 		// Small and declared: one allocation no larger than a chunk.
 		b := make([]byte, declared)
-		if _, err := io.ReadFull(body, b); err != nil {
-			return nil, fmt.Errorf("read request body: %w", err)
+		if n, err := io.ReadFull(body, b); err != nil {
+			return b[:n], fmt.Errorf("read request body: %w", err)
 		}
 		return b, nil
 	}
@@ -77,23 +90,28 @@ func readChunked(body io.Reader, declared, limit int64) ([]byte, error) {
 				break
 			}
 			if err != nil {
-				return nil, fmt.Errorf("read request body: %w", err)
+				*c = (*c)[:n]
+				return joinChunks(chunks, total+int64(n)), fmt.Errorf("read request body: %w", err)
 			}
 		}
 		*c = (*c)[:n]
 		total += int64(n)
 		if total > limit {
-			return nil, &http.MaxBytesError{Limit: limit}
+			return joinChunks(chunks, total), &http.MaxBytesError{Limit: limit}
 		}
 	}
 	if declared >= 0 && total != declared { // net/http enforces it; be sure
 		return nil, fmt.Errorf("read request body: %d bytes, Content-Length %d", total, declared)
 	}
+	return joinChunks(chunks, total), nil
+}
+
+func joinChunks(chunks []*[]byte, total int64) []byte {
 	out := make([]byte, 0, total)
 	for _, c := range chunks {
 		out = append(out, *c...)
 	}
-	return out, nil
+	return out
 }
 
 func isTimeout(err error) bool {

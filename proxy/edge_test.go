@@ -189,8 +189,8 @@ func TestClaimExpiredBeforeCompletion(t *testing.T) {
 	if got := counter(t, e.reg, "idemproxy_record_failures_total", nil); got != 0 {
 		t.Errorf("record failures %v, want 0", got)
 	}
-	if got := counter(t, e.reg, "idemproxy_redis_script_duration_seconds", map[string]string{"script": "complete", "result": "recreated"}); got != 1 {
-		t.Errorf("recreated completions %v, want 1", got)
+	if got := counter(t, e.reg, "idemproxy_redis_script_duration_seconds", map[string]string{"script": "complete", "result": "late"}); got != 1 {
+		t.Errorf("late completions %v, want 1", got)
 	}
 	if !strings.Contains(e.logs.String(), "answer recorded all the same") {
 		t.Errorf("not logged as a recreated record")

@@ -35,6 +35,7 @@ type env struct {
 	calls    *atomic.Int64 // &upstream.Calls
 	rdb      *redis.Client
 	mr       *miniredis.Miniredis // miniredis backend
+	mrNow    time.Time            // miniredis's clock (TIME), moved by advance
 	redis    *redistest.Server    // redis-server backend
 	opts     proxy.Options
 	h        *proxy.Handler
@@ -78,6 +79,8 @@ func newEnv(t *testing.T, backend string, mutate func(*proxy.Options)) *env {
 	switch backend {
 	case miniBackend:
 		e.mr = miniredis.RunT(t)
+		e.mrNow = time.Now()
+		e.mr.SetTime(e.mrNow) // locks are judged on TIME: it moves with advance only
 		e.rdb = redis.NewClient(&redis.Options{Addr: e.mr.Addr()})
 	case realBackend:
 		e.redis = redistest.Start(t)
@@ -206,10 +209,12 @@ func (e *env) send(ctx context.Context, srv *httptest.Server, r req) (response, 
 	return response{resp, b}, err
 }
 
-// advance lets d pass for Redis: FastForward on miniredis, a real wait on
-// redis-server (whose PX expiry is the thing under test).
+// advance lets d pass for Redis: its clock and FastForward on miniredis, a
+// real wait on redis-server (whose expiry and TIME are the thing under test).
 func (e *env) advance(d time.Duration) {
 	if e.mr != nil {
+		e.mrNow = e.mrNow.Add(d)
+		e.mr.SetTime(e.mrNow)
 		e.mr.FastForward(d)
 		return
 	}

@@ -25,7 +25,7 @@ import (
 
 // Store claims keys; *claim.Store implements it.
 type Store interface {
-	Acquire(ctx context.Context, key claim.Key, fp claim.Fingerprint, lockTTL, markTTL time.Duration) (*claim.Lease, *claim.Record, error)
+	Acquire(ctx context.Context, key claim.Key, fp claim.Fingerprint, terms claim.Terms) (*claim.Lease, *claim.Record, error)
 }
 
 // Options configure a Handler. Zero values are not defaults: main fills every
@@ -47,9 +47,12 @@ type Options struct {
 	// RequestReadTimeout bounds the arrival of a keyed request's whole body,
 	// and each read of a streamed pass-through body.
 	RequestReadTimeout time.Duration
-	Transport          http.RoundTripper // nil: NewTransport() with ResponseHeaderTimeout = UpstreamTimeout
-	Logger             zerolog.Logger    // for errors outside a request
-	Metrics            *Metrics          // nil: metrics are registered nowhere
+	// DocsURL (DOCS_URL), when set, is linked from every problem the proxy
+	// writes (Link: <DocsURL>; rel="describedby").
+	DocsURL   string
+	Transport http.RoundTripper // nil: NewTransport() with ResponseHeaderTimeout = UpstreamTimeout
+	Logger    zerolog.Logger    // for errors outside a request
+	Metrics   *Metrics          // nil: metrics are registered nowhere
 }
 
 // Handler is the idempotency proxy.
@@ -64,6 +67,7 @@ type Handler struct {
 	titleUse string // IETF draft titles, with the configured header name
 	titleOut string
 	titleMis string
+	docsLink []string // the Link header of the proxy's problems; nil without DOCS_URL
 
 	stopWaits     chan struct{} // closed by StopWaiting
 	stopWaitsOnce sync.Once
@@ -114,6 +118,9 @@ func New(store Store, opts Options) (*Handler, error) {
 	}
 	for _, m := range opts.Methods {
 		h.methods[m] = true
+	}
+	if opts.DocsURL != "" {
+		h.docsLink = []string{"<" + opts.DocsURL + `>; rel="describedby"`}
 	}
 	// Two forwarding paths, each owning its hooks: plain streams a request
 	// through and answers its errors; keyed runs a claimed request into an
@@ -216,8 +223,9 @@ type result struct {
 	// included; net/http lifts it once the answer is out.
 	rc           *http.ResponseController
 	writeTimeout time.Duration
-	hijacked     bool   // a protocol switch took the connection over: no deadlines
-	keySource    string // keySourceHeader, keySourceDerived or keySourceNone
+	hijacked     bool     // a protocol switch took the connection over: no deadlines
+	keySource    string   // keySourceHeader, keySourceDerived or keySourceNone
+	docsLink     []string // Link header for the proxy's own problems (DOCS_URL)
 }
 
 // The key_source label and access-log field: a fixed set.
@@ -239,7 +247,8 @@ func (res *result) arm() {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	h.metrics.inflight.Inc()
-	res := result{route: "default", upstreamMS: -1, rc: http.NewResponseController(w), writeTimeout: h.opts.UpstreamTimeout, keySource: keySourceNone}
+	res := result{route: "default", upstreamMS: -1, rc: http.NewResponseController(w), writeTimeout: h.opts.UpstreamTimeout,
+		keySource: keySourceNone, docsLink: h.docsLink}
 	defer h.finish(r, &res, start)
 	// Every answer, the proxy's own problems included, is written under a
 	// deadline: a client that never reads (or pipelines and never reads)
@@ -287,7 +296,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// The key is in the body: it is read (and MAX_BODY_BYTES applies)
 			// before the key, whether or not it holds one.
 			if body, err = readBody(w, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout); err != nil {
-				h.bodyAnswer(err, pol).write(w, &res)
+				h.refuse(w, r, &res, h.bodyAnswer(err, pol), pol, body)
 				return
 			}
 			bodyRead = true
@@ -305,11 +314,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			h.passthrough(w, r, &res, a.outcome)
 		} else {
-			a.write(w, &res)
+			h.refuse(w, r, &res, a, pol, body)
 		}
 		return
 	}
-	if pol.Key == nil {
+	if pol.Key == nil && !pol.Observe {
 		// Stripe echoes the key on every answer to a keyed request; a key
 		// derived from the message is not echoed. (The request's own
 		// one-element slice: parseKey saw exactly one value.)
@@ -317,9 +326,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if !bodyRead {
 		if body, err = readBody(w, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout); err != nil {
-			h.bodyAnswer(err, pol).write(w, &res)
+			h.refuse(w, r, &res, h.bodyAnswer(err, pol), pol, body)
 			return
 		}
+		bodyRead = true
 	}
 	fp := fingerprint(r, body, pol.Fingerprint)
 	scopeNames := h.opts.ScopeHeaders
@@ -331,7 +341,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	res.keyHash = k.String()
 
 	lease, rec, err := h.acquire(r.Context(), k, fp, pol)
+	var unknown *claim.UnknownError
+	if errors.As(err, &unknown) && unknown.Entered {
+		h.metrics.unknownOutcomes.WithLabelValues(causeLockExpired).Inc()
+		hlog.FromRequest(r).Warn().Str("key_hash", res.keyHash).
+			Msg("in-flight claim's lock expired without an answer (its proxy stopped, or lost Redis); key held as unknown (ON_UNKNOWN=hold) until an operator purges it")
+	}
 	switch {
+	case err == nil && rec != nil && pol.Observe:
+		h.refuse(w, r, &res, answer{status: rec.Status, outcome: outcomeReplayed}, pol, body)
 	case err == nil && rec != nil:
 		h.replay(w, rec, &res)
 	case err == nil:
@@ -343,6 +361,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a := h.claimAnswer(err, r.Context().Err(), pol)
 		lg := hlog.FromRequest(r)
 		switch {
+		case pol.Observe:
+			if a.outcome == outcomeStoreError || a.outcome == outcomeFailOpen {
+				lg.Warn().Err(err).Str("key_hash", res.keyHash).Msg("claim failed (Redis unavailable, or the record unreadable); forwarding (observe mode)")
+			}
+			h.refuse(w, r, &res, a, pol, body)
+			return
 		case errors.Is(err, claim.ErrBadRecord):
 			lg.Error().Err(err).Str("key_hash", res.keyHash).Msg("stored record cannot be decoded")
 		case a.outcome == outcomeFailOpen:
@@ -381,6 +405,21 @@ func (h *Handler) finish(r *http.Request, res *result, start time.Time) {
 	res.arm() // for the final flush, after the handler returns
 }
 
+// refuse answers a request the proxy does not execute under its key: with
+// enforce, a writes its problem; in observe mode the request is forwarded
+// unchanged instead (body is what was read of it, the rest still follows
+// on the connection) and counted as what enforcing would have answered.
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, res *result, a answer, pol Policy, body []byte) {
+	if pol.Observe {
+		if outcome, ok := observeAnswer(a); ok {
+			unreadBody(r, body)
+			h.passthrough(w, r, res, outcome)
+			return
+		}
+	}
+	a.write(w, res)
+}
+
 // acquire claims the key; with a wait policy, a duplicate of an in-flight
 // request polls until the first completes (replay), is released or expires
 // (we claim it), or the wait runs out (ErrInFlight).
@@ -388,8 +427,9 @@ func (h *Handler) acquire(ctx context.Context, k claim.Key, fp claim.Fingerprint
 	// The claim must not be cut by a client leaving halfway through: a claim
 	// written but never answered would hold the key for its lock TTL.
 	sctx := context.WithoutCancel(ctx)
-	lease, rec, err := h.store.Acquire(sctx, k, fp, pol.LockTTL, pol.TTL)
-	if pol.Wait <= 0 || !errors.Is(err, claim.ErrInFlight) {
+	terms := claim.Terms{LockTTL: pol.LockTTL, TTL: pol.TTL, Hold: pol.Hold}
+	lease, rec, err := h.store.Acquire(sctx, k, fp, terms)
+	if pol.Wait <= 0 || pol.Observe || !errors.Is(err, claim.ErrInFlight) {
 		return lease, rec, err
 	}
 	deadline := time.NewTimer(pol.Wait)
@@ -409,7 +449,7 @@ func (h *Handler) acquire(ctx context.Context, k claim.Key, fp claim.Fingerprint
 			return nil, nil, claim.ErrInFlight
 		case <-t.C:
 		}
-		lease, rec, err = h.store.Acquire(sctx, k, fp, pol.LockTTL, pol.TTL)
+		lease, rec, err = h.store.Acquire(sctx, k, fp, terms)
 		if !errors.Is(err, claim.ErrInFlight) {
 			return lease, rec, err
 		}

@@ -582,7 +582,7 @@ func TestLockExpiryTakeover(t *testing.T) {
 		key := claim.NewKey([]string{""}, "orphan")
 		store := claim.NewStore(e.rdb, "idem:", nil)
 		fp := fingerprintOf(http.MethodPost, "/v1/orders", "", "b")
-		if _, _, err := store.Acquire(context.Background(), key, fp, 300*time.Millisecond, time.Hour); err != nil {
+		if _, _, err := store.Acquire(context.Background(), key, fp, claim.Terms{LockTTL: 300 * time.Millisecond, TTL: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 		if r := e.do(req{key: "orphan", body: "b"}); r.StatusCode != http.StatusConflict {

@@ -187,14 +187,18 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 
 	if ex.upErr != nil {
 		a := upstreamAnswer(ex.upErr, !ex.gotConn.Load() || isDialError(ex.upErr))
-		if a.outcome == outcomeReleased {
+		lg.Warn().Err(ex.upErr).Str("key_hash", res.keyHash).Int("status", a.status).Msg("upstream request failed")
+		switch {
+		case a.outcome == outcomeReleased:
 			// The request never left: release, so a retry executes.
 			h.release(r, lease, res)
 			a.detail = a.title + ". The request was not sent; retry with the same key."
-		} else {
+		case pol.Hold:
+			a.detail = a.title + ". The request may have been executed; it is not executed again: retries with this key get this status (outcome-unknown) until an operator purges the key."
+			h.hold(r, lease, a.status, pol.TTL, res)
+		default:
 			a.detail = a.title + ". The request may have been executed; retries with this key get 409 until the claim expires."
 		}
-		lg.Warn().Err(ex.upErr).Str("key_hash", res.keyHash).Int("status", a.status).Msg("upstream request failed")
 		a.write(w, res)
 		return
 	}
@@ -258,7 +262,7 @@ func (h *Handler) complete(r *http.Request, lease *claim.Lease, rec *claim.Recor
 	switch {
 	case err == nil && lease.Recreated:
 		lg.Warn().Str("key_hash", res.keyHash).
-			Msg("claim was no longer in Redis at completion (lock expired, or lost in a failover) and nobody had taken it over: answer recorded all the same")
+			Msg("claim's lock had expired (or the claim was lost in a failover, purged, or held as unknown) and nobody had taken it over: answer recorded all the same")
 	case err == nil:
 	case errors.Is(err, claim.ErrNotReplicated):
 		// Written on the master; a failover before it reaches a replica
@@ -277,6 +281,35 @@ func (h *Handler) complete(r *http.Request, lease *claim.Lease, rec *claim.Recor
 		h.metrics.recordFailures.Inc()
 		lg.Error().Err(err).Str("key_hash", res.keyHash).
 			Msg("answer returned but not recorded; the key stays in flight until its lock TTL")
+	}
+}
+
+// hold records the claim's outcome as unknown (ON_UNKNOWN=hold): the
+// request was sent and no final status came back, so retries get status,
+// never another execution.
+func (h *Handler) hold(r *http.Request, lease *claim.Lease, status int, ttl time.Duration, res *result) {
+	cause := causeUpstreamFailed
+	if status == http.StatusGatewayTimeout {
+		cause = causeUpstreamTimeout
+	}
+	err := lease.Hold(r.Context(), status, ttl)
+	lg := hlog.FromRequest(r)
+	switch {
+	case err == nil || errors.Is(err, claim.ErrNotReplicated):
+		h.metrics.unknownOutcomes.WithLabelValues(cause).Inc()
+		lg.Warn().Err(err).Str("key_hash", res.keyHash).Int("status", status).
+			Msg("outcome unknown: key held (ON_UNKNOWN=hold) until an operator purges it")
+	case errors.Is(err, claim.ErrLost):
+		res.outcome = outcomeLost
+		h.metrics.doubleExecutions.Inc()
+		lg.Error().Str("key_hash", res.keyHash).
+			Msg("claim expired and was taken over before its outcome was known: this key may have executed twice")
+	default:
+		// The claim stays in flight; when its lock expires the next
+		// request finds it and holds it as unknown all the same.
+		h.metrics.recordFailures.Inc()
+		lg.Error().Err(err).Str("key_hash", res.keyHash).
+			Msg("unknown outcome not recorded; the key stays in flight until its lock TTL, then is held as unknown")
 	}
 }
 

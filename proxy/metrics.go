@@ -27,6 +27,22 @@ const (
 	outcomePassthrough   = "passthrough"    // method not covered, or route "off"
 	outcomeNoKey         = "no_key"         // covered, no key, key not required: forwarded as is
 	outcomeLost          = "lost"           // our claim expired and was taken over: the key executed twice
+	outcomeUnknown       = "unknown"        // the key's outcome is unknown (ON_UNKNOWN=hold): answered 502/504, not executed
+
+	// Observe mode (MODE=observe, route observe): forwarded unchanged,
+	// counted as what enforcing would have answered.
+	outcomeWouldReplay   = "would_replay"   // a replay (or an unknown outcome's answer)
+	outcomeWouldConflict = "would_conflict" // 409: the first was still in flight
+	outcomeWouldMismatch = "would_mismatch" // 422: key reused for another request
+	outcomeWouldReject   = "would_reject"   // 400/408/413: invalid or missing required key, body too large or too slow
+)
+
+// Causes of an unknown outcome, the `cause` label of
+// idemproxy_unknown_outcomes_total.
+const (
+	causeUpstreamTimeout = "upstream_timeout" // the upstream timed out after the request was sent (504)
+	causeUpstreamFailed  = "upstream_failed"  // the connection broke or the answer was malformed after sending (502)
+	causeLockExpired     = "lock_expired"     // an in-flight claim's lock expired: its proxy died or lost Redis (504)
 )
 
 // Metrics are the proxy's Prometheus series.
@@ -40,6 +56,7 @@ type Metrics struct {
 	doubleExecutions prometheus.Counter
 	takeoverAge      prometheus.Histogram
 	cacheHits        prometheus.Counter
+	unknownOutcomes  *prometheus.CounterVec
 
 	mu      sync.RWMutex
 	counted map[[4]string]prometheus.Counter // (family, route, label, key source) -> series
@@ -116,7 +133,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Replays answered from this process's memory, without a Redis round trip.",
 		}),
 	}
-	reg.MustRegister(m.requests, m.responses, m.upstream, m.script, m.inflight, m.recordFailures, m.doubleExecutions, m.takeoverAge, m.cacheHits)
+	m.unknownOutcomes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idemproxy_unknown_outcomes_total",
+		Help: "Keys that entered the state unknown (ON_UNKNOWN=hold: held for an operator, never executed again), by cause (upstream_timeout, upstream_failed, lock_expired).",
+	}, []string{"cause"})
+	for _, c := range []string{causeUpstreamTimeout, causeUpstreamFailed, causeLockExpired} {
+		m.unknownOutcomes.WithLabelValues(c) // exported at zero: alerts see the series before the first one
+	}
+	reg.MustRegister(m.requests, m.responses, m.upstream, m.script, m.inflight, m.recordFailures, m.doubleExecutions, m.takeoverAge, m.cacheHits, m.unknownOutcomes)
 	return m
 }
 

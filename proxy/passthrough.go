@@ -171,7 +171,7 @@ func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 func (h *Handler) plainError(w http.ResponseWriter, r *http.Request, err error) {
 	if sw, ok := w.(*statusWriter); ok && sw.body != nil && sw.body.timedOut.Load() {
 		hlog.FromRequest(r).Warn().Err(err).Msg("request body stalled; forward abandoned")
-		h.bodyTimeout(fmt.Sprintf("The request body stopped arriving for %v.", h.opts.RequestReadTimeout)).write(w, &result{})
+		h.bodyTimeout(fmt.Sprintf("The request body stopped arriving for %v.", h.opts.RequestReadTimeout)).write(w, &result{docsLink: h.docsLink})
 		return
 	}
 	neverLeft := isDialError(err)
@@ -184,7 +184,7 @@ func (h *Handler) plainError(w http.ResponseWriter, r *http.Request, err error) 
 	a := upstreamAnswer(err, neverLeft)
 	hlog.FromRequest(r).Warn().Err(err).Int("status", a.status).Msg("upstream request failed")
 	// The error text stays in the log: it names internal addresses.
-	a.write(w, &result{})
+	a.write(w, &result{docsLink: h.docsLink})
 }
 
 func isDialError(err error) bool {

@@ -23,6 +23,7 @@ const (
 	typeRecordUnreadable    = "urn:idemproxy:problem:record-unreadable"
 	typeRequestTimeout      = "urn:idemproxy:problem:request-timeout"
 	typeUpgradeRefused      = "urn:idemproxy:problem:upgrade-refused"
+	typeOutcomeUnknown      = "urn:idemproxy:problem:outcome-unknown"
 )
 
 type problem struct {

@@ -30,6 +30,12 @@ type Policy struct {
 	Scope       []string
 	ScopeSet    bool
 	Fingerprint Fingerprint // FINGERPRINT, or fingerprint=
+	// Hold (ON_UNKNOWN=hold, unknown=hold): a key whose outcome is unknown
+	// is never executed again without an operator.
+	Hold bool
+	// Observe (MODE=observe, observe): claim and record first requests, but
+	// change no answer; count what enforcing would have done.
+	Observe bool
 }
 
 // Route is one parsed ROUTES rule. Nil option fields inherit the global
@@ -49,6 +55,8 @@ type Route struct {
 	Key         *KeySource
 	Scope       *[]string
 	Fingerprint *Fingerprint
+	Hold        *bool
+	Observe     *bool
 }
 
 // apply returns base with the rule's options on top. A rule names its
@@ -83,6 +91,12 @@ func (rt *Route) apply(base Policy) Policy {
 	if rt.Fingerprint != nil {
 		p.Fingerprint = *rt.Fingerprint
 	}
+	if rt.Hold != nil {
+		p.Hold = *rt.Hold
+	}
+	if rt.Observe != nil {
+		p.Observe = *rt.Observe
+	}
 	return p
 }
 
@@ -95,7 +109,8 @@ var routeMethods = map[string]bool{
 // ParseRoutes parses the ROUTES variable: rules separated by ";", each a
 // method, a chi route pattern and options (ttl=DUR lock=DUR wait=DUR
 // required off upgrade fail=open|closed on5xx=release|store key=SOURCE
-// scope=H1,H2 fingerprint=strict|json|none). Errors quote the rule.
+// scope=H1,H2 fingerprint=strict|json|none unknown=expire|hold observe
+// enforce). Errors quote the rule.
 func ParseRoutes(spec string) ([]Route, error) {
 	var routes []Route
 	seen := map[string]string{}
@@ -163,6 +178,21 @@ func parseRule(rule string) (Route, error) {
 			default:
 				rt.Wait = &d
 			}
+		case "observe", "enforce":
+			if hasVal {
+				return Route{}, fmt.Errorf("option %q takes no value", name)
+			}
+			if rt.Observe != nil {
+				return Route{}, fmt.Errorf("options observe and enforce cannot be combined")
+			}
+			b := name == "observe"
+			rt.Observe = &b
+		case "unknown":
+			b, ok := map[string]bool{"hold": true, "expire": false}[val]
+			if !ok {
+				return Route{}, fmt.Errorf("option unknown=%q: want unknown=expire or unknown=hold", val)
+			}
+			rt.Hold = &b
 		case "required", "off", "upgrade":
 			if hasVal {
 				return Route{}, fmt.Errorf("option %q takes no value", name)
@@ -217,7 +247,7 @@ func parseRule(rule string) (Route, error) {
 			}
 			rt.Fingerprint = &fp
 		default:
-			return Route{}, fmt.Errorf("unknown option %q (want ttl=, lock=, wait=, required, off, upgrade, fail=, on5xx=, key=, scope=, fingerprint=)", opt)
+			return Route{}, fmt.Errorf("unknown option %q (want ttl=, lock=, wait=, required, off, upgrade, fail=, on5xx=, key=, scope=, fingerprint=, unknown=, observe, enforce)", opt)
 		}
 	}
 	// A tunnel carries requests past keys and every other option, so a

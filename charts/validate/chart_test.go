@@ -23,7 +23,7 @@ var contractVars = []string{
 	"UPSTREAM_URL", "LISTEN_ADDR", "ADMIN_ADDR", "REDIS_MODE", "REDIS_ADDRS", "REDIS_MASTER_NAME",
 	"REDIS_TLS", "REDIS_WAIT_REPLICAS", "REDIS_WAIT_TIMEOUT", "REDIS_AUTOPIPELINE", "REPLAY_CACHE_BYTES", "KEY_PREFIX", "IDEMPOTENCY_HEADER", "METHODS", "TTL",
 	"LOCK_TTL", "UPSTREAM_TIMEOUT", "UPSTREAM_ID", "REQUEST_READ_TIMEOUT", "REQUIRE_KEY", "MAX_KEY_LENGTH", "MAX_BODY_BYTES",
-	"MAX_STORED_RESPONSE_BYTES", "SCOPE_HEADERS", "FINGERPRINT", "FAIL_MODE", "WAIT_TIMEOUT", "ON_5XX", "ROUTES",
+	"MAX_STORED_RESPONSE_BYTES", "SCOPE_HEADERS", "FINGERPRINT", "FAIL_MODE", "WAIT_TIMEOUT", "ON_5XX", "ON_UNKNOWN", "MODE", "DOCS_URL", "ROUTES",
 	"LOG_LEVEL", "LOG_FORMAT", "SHUTDOWN_TIMEOUT",
 }
 
@@ -549,10 +549,11 @@ func TestRenderFails(t *testing.T) {
 func TestRoutesString(t *testing.T) {
 	m := mustRender(t, "-f", chartDir+"/ci/routes-values.yaml")
 	got := m.configMap(m.deployment.Name).Data["ROUTES"]
-	want := "POST /v1/payments/* ttl=48h lock=2m required;" +
+	want := "POST /v1/payments/* ttl=48h lock=2m required unknown=hold;" +
 		"POST /v1/orders ttl=1h wait=10s on5xx=store;" +
 		"PATCH /v1/orders/{id} ttl=30m lock=45s fail=open;" +
-		"POST /v1/refunds/* fail=closed wait=1.5s on5xx=release;" +
+		"POST /v1/refunds/* fail=closed wait=1.5s on5xx=release observe;" +
+		"DELETE /v1/refunds/{id} unknown=expire enforce;" +
 		"POST /v1/webhooks/* off;" +
 		"PUT /v1/health-checks off;" +
 		"GET /v1/events/ws upgrade"

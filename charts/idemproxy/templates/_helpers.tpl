@@ -151,7 +151,7 @@ replicaCount otherwise.
 {{/*
 The ROUTES string built from config.routes: rules joined by ";", each
 "METHOD PATTERN [ttl=D] [lock=D] [required] [off] [upgrade] [fail=open|closed] [wait=D] [on5xx=release|store]
-[key=SOURCE] [scope=H1,H2] [fingerprint=strict|json|none]". A scope given as an empty list renders
+[key=SOURCE] [scope=H1,H2] [unknown=expire|hold] [observe|enforce] [fingerprint=strict|json|none]". A scope given as an empty list renders
 "scope=" (no scope on this route); a rule without scope renders nothing (SCOPE_HEADERS applies).
 */}}
 {{- define "idemproxy.routes" -}}
@@ -177,7 +177,7 @@ The ROUTES string built from config.routes: rules joined by ";", each
 {{- /* YAML 1.1 (which Helm's parser follows) reads a bare `off:` key as false: accept both spellings. */}}
 {{- $off := or (index $r "off") (index $r "false") }}
 {{- if or $off $r.upgrade }}
-{{- range $opt := list "ttl" "lock" "required" "fail" "wait" "on5xx" "key" "scope" "fingerprint" }}
+{{- range $opt := list "ttl" "lock" "required" "fail" "wait" "on5xx" "key" "scope" "fingerprint" "unknown" "observe" }}
 {{- /* hasKey for scope: an empty list (scope=) is an option too. */}}
 {{- if or (index $r $opt) (and (eq $opt "scope") (hasKey $r "scope")) }}
 {{- fail (printf "%s (%s): off means plain pass-through (and upgrade implies off), so %s would be ignored; remove it" $where $id $opt) }}
@@ -228,6 +228,14 @@ The ROUTES string built from config.routes: rules joined by ";", each
 {{- fail (printf "%s (%s): scope must be a list of header names ([] for no scope)" $where $id) }}
 {{- end }}
 {{- $parts = append $parts (printf "scope=%s" (join "," $r.scope)) }}
+{{- end }}
+{{- if $r.unknown }}
+{{- if not (has $r.unknown (list "expire" "hold")) }}{{ fail (printf "%s: unknown must be expire or hold, not %q" $where $r.unknown) }}{{ end }}
+{{- $parts = append $parts (printf "unknown=%s" $r.unknown) }}
+{{- end }}
+{{- if hasKey $r "observe" }}
+{{- if not (kindIs "bool" $r.observe) }}{{ fail (printf "%s: observe must be true (observe) or false (enforce), not %v" $where $r.observe) }}{{ end }}
+{{- $parts = append $parts (ternary "observe" "enforce" $r.observe) }}
 {{- end }}
 {{- if $r.fingerprint }}
 {{- if not (has $r.fingerprint (list "strict" "json" "none")) }}{{ fail (printf "%s: fingerprint must be strict, json or none, not %q" $where $r.fingerprint) }}{{ end }}
