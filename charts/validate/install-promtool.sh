@@ -52,8 +52,8 @@ fi
 dest="$cache_root/${version//[:+~]/_}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-chmod 0755 "$tmp" # apt-get download runs as _apt where it can
 echo "install-promtool.sh: extracting promtool from Debian's prometheus $version into $dest" >&2
+# As root, apt-get warns that the _apt user cannot write to $tmp and downloads unsandboxed: harmless.
 (cd "$tmp" && apt-get download -qq "prometheus=$version" >/dev/null)
 dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/root"
 mkdir -p "$dest"
