@@ -272,11 +272,12 @@ func writeRuleFile(t *testing.T, dir string, pr *prometheusRule) {
 // TestAlertRulesPromtool checks the rendered rules with `promtool check rules`, for the default
 // values and for ci/alerts-values.yaml.
 func TestAlertRulesPromtool(t *testing.T) {
-	for _, args := range [][]string{nil, {"-f", chartDir + "/ci/alerts-values.yaml"}} {
-		t.Run(strings.Join(append([]string{"default"}, args...), " "), func(t *testing.T) {
+	promtool(t)
+	for _, tc := range []valuesCase{{name: "default"}, {name: "alerts-values.yaml", args: []string{"-f", chartDir + "/ci/alerts-values.yaml"}}} {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			dir := t.TempDir()
-			writeRuleFile(t, dir, alertRules(t, args...))
+			writeRuleFile(t, dir, alertRules(t, tc.args...))
 			t.Log(runPromtool(t, dir, "check", "rules", "rules.yaml"))
 		})
 	}
@@ -327,6 +328,7 @@ func TestAlertRulesUnit(t *testing.T) {
 		}
 	}
 
+	promtool(t) // skips here, after the coverage check, when promtool is missing outside CI
 	dir := t.TempDir()
 	writeRuleFile(t, dir, alertRules(t))
 	if err := os.WriteFile(filepath.Join(dir, "alerts_test.yaml"), src, 0o644); err != nil {
