@@ -48,6 +48,9 @@ type rule struct {
 // operatorDuration is the pattern of the operator's Duration type (for, interval).
 var operatorDuration = regexp.MustCompile(`^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$`)
 
+// matchersRE finds the label matchers of each series selector in an expression.
+var matchersRE = regexp.MustCompile(`[a-z_]+\{([^}]*)\}`)
+
 // wantAlerts are the alerts the chart ships, each documented under a README heading of its name.
 var wantAlerts = []string{
 	"IdemproxyHighTakeoverRate", "IdemproxyDoubleExecution", "IdemproxyRecordFailures", "IdemproxyStoreErrors",
@@ -79,8 +82,7 @@ func TestPrometheusRuleOffByDefault(t *testing.T) {
 // valid durations, and the default selector (the ServiceMonitor's job, the release namespace)
 // in every expression.
 func TestPrometheusRuleShape(t *testing.T) {
-	m := mustRender(t, "--set", "prometheusRule.enabled=true")
-	pr := m.prometheusRules[0]
+	pr := alertRules(t)
 	if pr.Namespace != namespace {
 		t.Errorf("namespace = %q, want the release namespace %q", pr.Namespace, namespace)
 	}
@@ -154,7 +156,7 @@ func checkRuleFile(t *testing.T, pr *prometheusRule, selector, runbookBase strin
 				t.Errorf("%s: runbook_url = %q, want %q", r.Alert, r.Annotations["runbook_url"], want)
 			}
 			// Every series the expression reads carries the selector.
-			for _, sel := range regexp.MustCompile(`[a-z_]+\{([^}]*)\}`).FindAllStringSubmatch(r.Expr, -1) {
+			for _, sel := range matchersRE.FindAllStringSubmatch(r.Expr, -1) {
 				if !strings.HasPrefix(sel[1], selector) {
 					t.Errorf("%s: matchers {%s} do not start with the selector %s", r.Alert, sel[1], selector)
 				}
