@@ -34,7 +34,8 @@ var dashboardMetrics = []string{
 	"idemproxy_requests_total", "idemproxy_responses_total", "idemproxy_upstream_duration_seconds_bucket",
 	"idemproxy_redis_script_duration_seconds_bucket", "idemproxy_inflight_requests",
 	"idemproxy_record_failures_total", "idemproxy_takeover_claim_age_seconds_bucket",
-	"idemproxy_build_info", "idemproxy_store_unsafe",
+	"idemproxy_build_info", "idemproxy_store_unsafe", "idemproxy_double_executions_total",
+	"idemproxy_unknown_outcomes_total",
 }
 
 // TestRenderStrict renders the default values and every ci/*-values.yaml, decodes each

@@ -5,7 +5,10 @@
 // own parser.
 //
 // The helm binary is taken from $HELM, else from PATH; install-helm.sh installs the pinned
-// version. Run: cd charts/validate && go test -count=1 ./...
+// version. The alerts (templates/prometheusrule.yaml) are checked and unit-tested with promtool
+// (testdata/alerts_test.yaml against the rendered rules), taken from $PROMTOOL, else from PATH;
+// install-promtool.sh installs it. Without promtool those tests skip, unless CI=true.
+// Run: cd charts/validate && go test -count=1 ./...
 //
 // -count=1 matters: go test caches a passing result and only re-runs when the files the test
 // itself opened change, and only files inside this module count. The chart (../idemproxy) and

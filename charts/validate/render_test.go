@@ -96,6 +96,7 @@ type manifests struct {
 	pdbs            []*policyv1.PodDisruptionBudget
 	ingresses       []*networkingv1.Ingress
 	serviceMonitors []*serviceMonitor
+	prometheusRules []*prometheusRule
 }
 
 // configMap returns the ConfigMap with that name, or nil.
@@ -172,6 +173,8 @@ func decodeStrict(doc []byte) (any, metav1.TypeMeta, error) {
 		obj = &networkingv1.Ingress{}
 	case "monitoring.coreos.com/v1/ServiceMonitor":
 		obj = &serviceMonitor{}
+	case "monitoring.coreos.com/v1/PrometheusRule":
+		obj = &prometheusRule{}
 	default:
 		return nil, tm, fmt.Errorf("no strict type for apiVersion %q kind %q: add it to decodeStrict", tm.APIVersion, tm.Kind)
 	}
@@ -224,6 +227,8 @@ func decodeAll(t *testing.T, out string) *manifests {
 			m.ingresses, name = append(m.ingresses, o), o.Name
 		case *serviceMonitor:
 			m.serviceMonitors, name = append(m.serviceMonitors, o), o.Name
+		case *prometheusRule:
+			m.prometheusRules, name = append(m.prometheusRules, o), o.Name
 		}
 		id := tm.Kind + "/" + name
 		if _, dup := m.all[id]; dup {
