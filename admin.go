@@ -16,7 +16,8 @@ import (
 
 // readiness answers /readyz: Redis must answer PING. The first time it does,
 // the Redis settings are checked once and their warnings kept for the body,
-// the log and the idemproxy_store_unsafe gauge.
+// the log and the idemproxy_store_unsafe gauge. Every fresh check (not a
+// cached answer) sets the idemproxy_ready gauge: 1 when it passed, 0 when not.
 //
 // The result is cached for readyCacheFor, and concurrent probes share one
 // check, so a flood of /readyz cannot hammer Redis. The reason Redis is
@@ -27,6 +28,7 @@ type readiness struct {
 	store  *store
 	logger zerolog.Logger
 	unsafe prometheus.Gauge
+	ready  prometheus.Gauge // idemproxy_ready, set by every fresh check
 
 	config []string // configuration warnings, known at start
 
@@ -73,6 +75,11 @@ func (rd *readiness) check(ctx context.Context) ([]string, error) {
 	}
 	w, err := rd.checkNow(ctx)
 	rd.at, rd.cached, rd.lastErr = rd.clock(), true, err
+	if err != nil {
+		rd.ready.Set(0)
+	} else {
+		rd.ready.Set(1)
+	}
 	switch {
 	case err != nil && (!rd.down || now.Sub(rd.loggedAt) >= readyLogEvery):
 		rd.logger.Error().Err(err).Msg("not ready: Redis unreachable")

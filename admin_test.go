@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -44,12 +45,17 @@ func TestReadyzHidesRedisAddress(t *testing.T) {
 	if !strings.Contains(logs.String(), port) {
 		t.Errorf("log lacks the cause (Redis's address); got:\n%s", logs.String())
 	}
+	if m := getBody(t, c, "http://"+a.adminAddr.String()+"/metrics"); !strings.Contains(m, "\nidemproxy_ready 0\n") {
+		t.Errorf("/metrics with Redis down: want idemproxy_ready 0; got:\n%v", grepLines(m, "idemproxy_ready"))
+	}
 }
 
 // TestReadyzCachedAndLogRateLimited: within a second, /readyz reuses its
 // result instead of pinging Redis again, concurrent probes share one PING,
 // and an outage is logged when it starts, then at most every 10s, and its
-// end once.
+// end once. The idemproxy_ready gauge follows every fresh check (0, 1, 0,
+// 1, 0) and is left alone by cached answers, even when Redis has changed
+// state meanwhile.
 func TestReadyzCachedAndLogRateLimited(t *testing.T) {
 	var pings atomic.Int64
 	var failing atomic.Bool
@@ -63,6 +69,7 @@ func TestReadyzCachedAndLogRateLimited(t *testing.T) {
 		store:  &store{embedded: new(miniredis.Miniredis)},
 		logger: zerolog.New(logs),
 		unsafe: prometheus.NewGauge(prometheus.GaugeOpts{Name: "x"}),
+		ready:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "idemproxy_ready"}),
 		now:    now,
 		ping: func(context.Context) error {
 			pings.Add(1)
@@ -72,6 +79,8 @@ func TestReadyzCachedAndLogRateLimited(t *testing.T) {
 			return nil
 		},
 	}
+	gauge := prometheus.NewRegistry() // idemproxy_ready alone, to read it
+	gauge.MustRegister(rd.ready)
 	srv := httptest.NewServer(adminHandler(prometheus.NewRegistry(), rd))
 	t.Cleanup(srv.Close)
 	c := newClient(t)
@@ -84,10 +93,23 @@ func TestReadyzCachedAndLogRateLimited(t *testing.T) {
 		return status, body
 	}
 	logged := func() int { return strings.Count(logs.String(), "not ready: Redis unreachable") }
+	wantReady := func(when string, want float64) {
+		t.Helper()
+		mfs, err := gauge.Gather()
+		if err != nil || len(mfs) != 1 || len(mfs[0].GetMetric()) != 1 {
+			t.Fatalf("gather idemproxy_ready: %v %v", mfs, err)
+		}
+		if got := mfs[0].GetMetric()[0].GetGauge().GetValue(); got != want {
+			t.Errorf("idemproxy_ready %s: got %v, want %v", when, got, want)
+		}
+	}
+
+	wantReady("before the first check", 0)
 
 	if s, b := readyz(); s != http.StatusServiceUnavailable || strings.Contains(b, "10.1.2.3") {
 		t.Fatalf("/readyz: got %v %q, want 503 without the address", s, b)
 	}
+	wantReady("with Redis down", 0)
 	advance(500 * time.Millisecond)
 	readyz()
 	if got := pings.Load(); got != 1 {
@@ -128,11 +150,44 @@ func TestReadyzCachedAndLogRateLimited(t *testing.T) {
 	if !strings.Contains(logs.String(), "Redis answers again") {
 		t.Errorf("recovery not logged: %s", logs.String())
 	}
+	wantReady("after Redis is back", 1)
 	failing.Store(true)
 	advance(2 * time.Second)
 	readyz()
 	if got := logged(); got != 3 {
 		t.Errorf("a new outage right after recovery: logged %d times in all, want 3", got)
+	}
+	wantReady("in a new outage", 0)
+
+	// Cached answers do not touch the gauge: Redis comes back, but within
+	// the window /readyz still answers the cached 503 and the gauge stays 0;
+	// the next fresh check sets it to 1. Then the same the other way round.
+	for _, step := range []struct {
+		failing   bool
+		status    int
+		ready     float64
+		fresh     bool
+		advanceBy time.Duration
+	}{
+		{failing: false, advanceBy: 500 * time.Millisecond, status: http.StatusServiceUnavailable, ready: 0},
+		{failing: false, advanceBy: time.Second, status: http.StatusOK, ready: 1, fresh: true},
+		{failing: true, advanceBy: 500 * time.Millisecond, status: http.StatusOK, ready: 1},
+		{failing: true, advanceBy: time.Second, status: http.StatusServiceUnavailable, ready: 0, fresh: true},
+		{failing: false, advanceBy: 999 * time.Millisecond, status: http.StatusServiceUnavailable, ready: 0},
+		{failing: false, advanceBy: time.Millisecond, status: http.StatusOK, ready: 1, fresh: true},
+	} {
+		failing.Store(step.failing)
+		advance(step.advanceBy)
+		before := pings.Load()
+		s, _ := readyz()
+		when := fmt.Sprintf("%v after Redis began failing=%v", step.advanceBy, step.failing)
+		if s != step.status {
+			t.Errorf("/readyz %s: got %v, want %v", when, s, step.status)
+		}
+		if fresh := pings.Load() > before; fresh != step.fresh {
+			t.Errorf("/readyz %s: pinged Redis %v, want %v", when, fresh, step.fresh)
+		}
+		wantReady(when, step.ready)
 	}
 }
 
@@ -167,6 +222,13 @@ func TestAdminAddrSetButEmptyDisablesAdmin(t *testing.T) {
 			}
 			if a.proxyAddr == nil {
 				t.Errorf("proxyAddr: got nil, want a bound address")
+			}
+			if a.adminAddr != nil {
+				// The check at start has set the gauge: the embedded store answers.
+				c := newClient(t)
+				if m := getBody(t, c, "http://"+a.adminAddr.String()+"/metrics"); !strings.Contains(m, "\nidemproxy_ready 1\n") {
+					t.Errorf("/metrics after start: want idemproxy_ready 1; got:\n%v", grepLines(m, "idemproxy_ready"))
+				}
 			}
 		})
 	}

@@ -122,7 +122,11 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 		Name: "idemproxy_store_unsafe",
 		Help: "1 when the store weakens the guarantee: embedded Redis, or maxmemory-policy other than noeviction.",
 	})
-	reg.MustRegister(buildInfo, unsafe)
+	ready := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "idemproxy_ready",
+		Help: "1 when the last readiness check (at start, then /readyz, at most once a second) found Redis answering; 0 when not, and before the first check.",
+	})
+	reg.MustRegister(buildInfo, unsafe, ready)
 	metrics := proxy.NewMetrics(reg)
 
 	storeOpts := []claim.Option{claim.ReplayCache(cfg.ReplayCacheBytes, replayCacheMaxAge), claim.Upstream(cfg.upstreamID)}
@@ -164,7 +168,7 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 		return nil, fmt.Errorf("LISTEN_ADDR=%q: %w", cfg.ListenAddr, err)
 	}
 	a.proxyAddr = pl.Addr()
-	rd := &readiness{store: st, logger: logger, unsafe: unsafe, config: cfg.warnings}
+	rd := &readiness{store: st, logger: logger, unsafe: unsafe, ready: ready, config: cfg.warnings}
 	for _, msg := range cfg.warnings {
 		logger.Warn().Msg(msg)
 	}

@@ -35,7 +35,7 @@ var dashboardMetrics = []string{
 	"idemproxy_redis_script_duration_seconds_bucket", "idemproxy_inflight_requests",
 	"idemproxy_record_failures_total", "idemproxy_takeover_claim_age_seconds_bucket",
 	"idemproxy_build_info", "idemproxy_store_unsafe", "idemproxy_double_executions_total",
-	"idemproxy_unknown_outcomes_total",
+	"idemproxy_unknown_outcomes_total", "idemproxy_ready",
 }
 
 // TestRenderStrict renders the default values and every ci/*-values.yaml, decodes each
