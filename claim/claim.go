@@ -170,7 +170,7 @@ func NewKey(scope []string, key string) Key {
 }
 
 // String is a short form of the hash for logs (never the key itself).
-func (k Key) String() string { return hex.EncodeToString(k[:8]) }
+func (k Key) String() string { return hex.EncodeToString(k[:]) }
 
 // Fingerprint is the SHA-256 of what makes two requests "the same".
 type Fingerprint [sha256.Size]byte
