@@ -27,10 +27,13 @@ import (
 // and exit status.
 func keysRun(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	var out, errb bytes.Buffer
+	// stderr also becomes go-redis's logger (openRedis), which proxies of
+	// the same test process may write to: a buffer safe for that.
+	var out bytes.Buffer
+	var errb testutil.SyncBuffer
 	err := run(context.Background(), append([]string{"idemproxy", "keys"}, args...), env, &out, &errb)
 	if code = exitCode(err); err != nil && code == 1 {
-		errb.WriteString("idemproxy: " + err.Error() + "\n") // what main prints
+		_, _ = errb.Write([]byte("idemproxy: " + err.Error() + "\n")) // what main prints
 	}
 	return out.String(), errb.String(), code
 }

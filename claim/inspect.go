@@ -301,6 +301,9 @@ func decodeInspect(k Key, v any, body bool) (*Entry, error) {
 		}
 	case "u":
 		e.State = StateUnknown
+		if rec == "" {
+			break // no status recorded: nothing more to say
+		}
 		if e.Status, err = strconv.Atoi(rec); err != nil || e.Status < 100 || e.Status > 999 {
 			return e, fmt.Errorf("%w: unknown state with status %q", errBadRecord, rec)
 		}

@@ -84,6 +84,18 @@ func TestInspectorGet(t *testing.T) {
 		t.Errorf("unknown: got %+v, %v", e, err)
 	}
 
+	// The oldest fields only: an unknown record without its status, an
+	// in-flight one without its claim time.
+	sparse := claim.NewKey(nil, "sparse")
+	rdb.HSet(ctx, recordKey("t:", sparse), "st", "u")
+	if e, err := in.Get(ctx, sparse); err != nil || e.State != claim.StateUnknown || e.Status != 0 || !e.ClaimedAt.IsZero() || e.TTL != -1 {
+		t.Errorf("sparse unknown: got %+v, %v", e, err)
+	}
+	rdb.HSet(ctx, recordKey("t:", sparse), "st", "i")
+	if e, err := in.Get(ctx, sparse); err != nil || e.State != claim.StateInFlight || !e.ClaimedAt.IsZero() {
+		t.Errorf("sparse in flight: got %+v, %v", e, err)
+	}
+
 	if _, err := in.Get(ctx, claim.NewKey(nil, "never")); !errors.Is(err, claim.ErrNotFound) {
 		t.Errorf("missing: got %v, want ErrNotFound", err)
 	}
