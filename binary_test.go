@@ -158,6 +158,40 @@ func TestBinary(t *testing.T) {
 			})
 		}
 	})
+
+	// idemproxy keys: the exit statuses of the process (0, 1, 2), and a
+	// record read and purged by the binary.
+	t.Run("keys", func(t *testing.T) {
+		srv := redistest.Start(t)
+		hash := "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+		srv.Client().HSet(t.Context(), "idem:{"+hash+"}", "st", "u", "rec", "504")
+		for _, tt := range []struct {
+			args   []string
+			env    string
+			code   int
+			stdout string
+			stderr string
+		}{
+			{[]string{"keys", "--help"}, "", 0, "Usage: idemproxy keys", ""},
+			{[]string{"keys", "get", "--help"}, "", 0, "--body", ""},
+			{[]string{"keys", "get", "abc"}, "REDIS_URL=" + srv.URL(), 2, "", "Usage: idemproxy keys get"},
+			{[]string{"keys", "list"}, "", 1, "", "REDIS_URL is empty: keys needs the Redis the proxies use"},
+			{[]string{"keys", "get", strings.Repeat("0", 64)}, "REDIS_URL=" + srv.URL(), 1, "", "no record for key_hash"},
+			{[]string{"keys", "get", hash}, "REDIS_URL=" + srv.URL(), 0, `"state":"unknown","status":504`, ""},
+			{[]string{"keys", "purge", hash}, "REDIS_URL=" + srv.URL(), 0, `{"key_hash":"` + hash + `","purged":true}`, ""},
+		} {
+			cmd := exec.Command(bin, tt.args...)
+			cmd.Env = []string{tt.env}
+			var stdout, stderr strings.Builder
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			var ee *exec.ExitError
+			if code := cmd.ProcessState.ExitCode(); (err != nil && !errors.As(err, &ee)) || code != tt.code ||
+				!strings.Contains(stdout.String(), tt.stdout) || !strings.Contains(stderr.String(), tt.stderr) {
+				t.Errorf("idemproxy %q: exit %d (%v)\nstdout %q\nstderr %q\nwant exit %d, %q, %q", tt.args, code, err, stdout.String(), stderr.String(), tt.code, tt.stdout, tt.stderr)
+			}
+		}
+	})
 }
 
 // proc is an idemproxy process this test started.

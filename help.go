@@ -17,7 +17,10 @@ Usage:
   idemproxy --help      print this help
 
 Commands:
-  keys                  operator commands on stored keys (not yet available; see README)
+  keys hash|get|list|purge
+                        operator commands on the records in Redis: the key_hash
+                        of a key, read, list or purge a record (idemproxy keys
+                        --help; they need the proxies' shared Redis)
 
 Configuration comes from environment variables only; config.example.env lists
 every one with its default. A malformed value stops the proxy at start, naming

@@ -34,8 +34,8 @@ func TestRunHelp(t *testing.T) {
 	}
 }
 
-// TestRunUsageErrors: an unknown flag, an unknown command and the coming
-// keys command exit 2 with the mistake and the usage on stderr, and start
+// TestRunUsageErrors: an unknown flag, an unknown command and keys without
+// a known command exit 2 with the mistake and the usage on stderr, and start
 // nothing (no UPSTREAM_URL is set, so starting would fail differently).
 func TestRunUsageErrors(t *testing.T) {
 	for _, tc := range []struct {
@@ -43,8 +43,8 @@ func TestRunUsageErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"--bogus"}, "flag provided but not defined: -bogus"},
-		{[]string{"keys"}, "keys: not yet available"},
-		{[]string{"keys", "list"}, "keys: not yet available"},
+		{[]string{"keys"}, "keys: a command is needed"},
+		{[]string{"keys", "drop"}, `keys: unknown command "drop"`},
 		{[]string{"serve"}, `unknown command "serve"`},
 	} {
 		var stdout, stderr bytes.Buffer

@@ -65,7 +65,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		fmt.Fprintf(stdout, "idemproxy %s (%s)\n", version, runtime.Version())
 		return nil
 	case fs.Arg(0) == "keys":
-		return badUsage(stderr, errors.New("keys: not yet available in this version (see README)"))
+		return runKeys(ctx, fs.Args()[1:], environ, stdout, stderr)
 	case fs.NArg() > 0:
 		return badUsage(stderr, fmt.Errorf("unknown command %q", fs.Arg(0)))
 	}
@@ -138,7 +138,9 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 		st.close()
 		return nil, err
 	}
-	h, err := proxy.New(claim.NewStore(scripter, cfg.KeyPrefix, metrics.ObserveScript, storeOpts...), proxy.Options{
+	cs := claim.NewStore(scripter, cfg.KeyPrefix, metrics.ObserveScript, storeOpts...)
+	st.close = watchPurges(cs, st.client, st.close) // idemproxy keys purge reaches this replica's replay cache
+	h, err := proxy.New(cs, proxy.Options{
 		Upstream:           cfg.upstream,
 		KeyHeader:          cfg.IdempotencyHeader,
 		Methods:            cfg.Methods,

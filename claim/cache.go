@@ -114,3 +114,22 @@ func recordSize(r *Record, encodedLen int) int {
 	}
 	return n
 }
+
+// evict drops k, if cached (a purge).
+func (c *replayCache) evict(k Key) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.m[k]; ok {
+		c.remove(k, e)
+	}
+}
+
+// clear drops every entry (purges may have been missed).
+func (c *replayCache) clear() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, e := range c.m {
+		c.remove(k, e)
+	}
+	c.queue, c.head, c.stale = nil, 0, 0
+}

@@ -197,16 +197,48 @@ alternatives:
 			}
 			values = append(values, v)
 		}
-		var stack [512]byte
-		b := binary.LittleEndian.AppendUint64(stack[:0], uint64(len(ks.Text)))
-		b = append(b, ks.Text...)
-		for _, v := range values {
-			b = binary.LittleEndian.AppendUint64(b, uint64(len(v)))
-			b = append(b, v...)
-		}
-		return string(b), nil
+		return ks.key(values), nil
 	}
 	return "", errNoKey
+}
+
+// Key returns the key that a request whose parts have these values gets
+// (what derive returns), for `idemproxy keys hash`: values are the parts of
+// one alternative, in order, as the proxy reads them (a ce-* header
+// percent-decoded). Their number must be the part count of an alternative.
+func (ks *KeySource) Key(values []string) (string, error) {
+	counts := make([]string, 0, len(ks.alts))
+	for _, alt := range ks.alts {
+		if len(alt) == len(values) {
+			return ks.key(values), nil
+		}
+		texts := make([]string, len(alt))
+		for i, p := range alt {
+			texts[i] = p.text
+		}
+		counts = append(counts, fmt.Sprintf("%d (%s)", len(alt), strings.Join(texts, "+")))
+	}
+	return "", fmt.Errorf("key source %s takes %s values, not %d", ks.Text, strings.Join(counts, " or "), len(values))
+}
+
+// key is the SOURCE text and the values, each length-prefixed so that
+// ("a","bc") and ("ab","c") differ.
+func (ks *KeySource) key(values []string) string {
+	var stack [512]byte
+	b := binary.LittleEndian.AppendUint64(stack[:0], uint64(len(ks.Text)))
+	b = append(b, ks.Text...)
+	for _, v := range values {
+		b = binary.LittleEndian.AppendUint64(b, uint64(len(v)))
+		b = append(b, v...)
+	}
+	return string(b)
+}
+
+// HeaderKey returns the key of a request whose IDEMPOTENCY_HEADER is value,
+// as sent (a structured-field string is unquoted), or why the proxy refuses
+// it; for `idemproxy keys hash`.
+func HeaderKey(value string, maxLen int) (string, error) {
+	return parseKey([]string{value}, maxLen)
 }
 
 // queryParam counts the occurrences of name in a raw query, splitting on

@@ -1,0 +1,351 @@
+package claim
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/scripts"
+)
+
+// ErrNotFound: there is no record for the key (never claimed, expired,
+// released or purged).
+var ErrNotFound = errors.New("claim: no record")
+
+var inspectScript = redis.NewScript(scripts.Inspect)
+
+// State is where a key stands, as an operator reads it.
+type State string
+
+// The states of a record (its st field: i, c, u).
+const (
+	StateInFlight  State = "in_flight" // claimed, not completed yet
+	StateCompleted State = "completed" // an answer is recorded and replayed
+	StateUnknown   State = "unknown"   // the outcome is unknown (ON_UNKNOWN=hold); held until purged
+)
+
+// Entry is what an Inspector reads of one record. Times absent from the
+// record are zero. It holds no token, key or scope value: the record has
+// none in clear, and the token is never read.
+type Entry struct {
+	Key   Key
+	State State
+	// Status is the recorded status (completed) or the status a request
+	// got when its outcome became unknown (502 or 504); 0 otherwise.
+	Status        int
+	Fingerprint   []byte
+	ClaimedAt     time.Time
+	CompletedAt   time.Time // completed, or entered the unknown state
+	LockExpiresAt time.Time // in flight, when the record says
+	// TTL is how long Redis keeps the record still; negative when it has
+	// no expiry.
+	TTL time.Duration
+	// Upstream is the short hash of the upstream it was recorded in front of.
+	Upstream string
+	// Record is the recorded answer, when completed and read by Get.
+	Record *Record
+	// RecordBytes is the size of the encoded record (rec field).
+	RecordBytes int
+}
+
+// Inspector reads, lists and deletes records for an operator
+// (`idemproxy keys`). It talks to Redis directly, outside any claim.
+type Inspector struct {
+	rdb    redis.UniversalClient
+	prefix string
+}
+
+// NewInspector returns an Inspector for the records under prefix
+// (KEY_PREFIX). rdb may be a standalone, Sentinel or Cluster client.
+func NewInspector(rdb redis.UniversalClient, prefix string) *Inspector {
+	return &Inspector{rdb: rdb, prefix: prefix}
+}
+
+// ParseKeyHash parses the 64 hex digits of a key hash (as Key.String and
+// the access log's key_hash write it; either case).
+func ParseKeyHash(s string) (Key, error) {
+	var k Key
+	if len(s) != 2*len(k) {
+		return k, fmt.Errorf("key hash %q: want the 64 hex digits of key_hash, got %d characters", s, len(s))
+	}
+	if _, err := hex.Decode(k[:], []byte(s)); err != nil {
+		return k, fmt.Errorf("key hash %q: not hexadecimal", s)
+	}
+	return k, nil
+}
+
+// recordKey is the record's Redis key, as Store writes it.
+func recordKey(prefix string, k Key) string { return prefix + "{" + hex.EncodeToString(k[:]) + "}" }
+
+// Get reads the record of k, body included. ErrNotFound when there is
+// none; ErrBadRecord (wrapped) when it cannot be decoded.
+func (in *Inspector) Get(ctx context.Context, k Key) (*Entry, error) {
+	v, err := inspectScript.Run(ctx, in.rdb, []string{recordKey(in.prefix, k)}, "body").Result()
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", k, err)
+	}
+	e, err := decodeInspect(k, v, true)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", k, err)
+	}
+	return e, nil
+}
+
+// List walks every record with SCAN (on every master of a Cluster, one
+// after the other), never KEYS, and calls fn with each, in no particular
+// order, until fn returns false or the walk ends. Entries carry no Record
+// (List does not move bodies), only the status. A record that does not
+// decode is passed with a nil Entry and its error. count is SCAN's COUNT
+// hint: the number of keys read per round trip.
+func (in *Inspector) List(ctx context.Context, count int64, fn func(*Entry, Key, error) bool) error {
+	nodes := []redis.UniversalClient{in.rdb}
+	if cc, ok := in.rdb.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		nodes = nodes[:0]
+		err := cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+			mu.Lock()
+			nodes = append(nodes, c)
+			mu.Unlock()
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("list the cluster's masters: %w", err)
+		}
+	}
+	match := globEscape(in.prefix) + "{*}"
+	for _, node := range nodes {
+		more, err := in.listNode(ctx, node, match, count, fn)
+		if err != nil {
+			return fmt.Errorf("scan %s: %w", nodeName(node), err)
+		}
+		if !more {
+			return nil
+		}
+	}
+	return nil
+}
+
+// listNode scans one node; for each SCAN page, the records are read in one
+// pipelined round trip. It reports whether fn wants more.
+func (in *Inspector) listNode(ctx context.Context, node redis.UniversalClient, match string, count int64, fn func(*Entry, Key, error) bool) (bool, error) {
+	var cursor uint64
+	for {
+		names, next, err := node.Scan(ctx, cursor, match, count).Result()
+		if err != nil {
+			return false, err
+		}
+		var keys []Key
+		var redisKeys []string
+		for _, name := range names {
+			if k, ok := in.parseRecordKey(name); ok {
+				keys, redisKeys = append(keys, k), append(redisKeys, name)
+			}
+		}
+		replies, err := inspectPage(ctx, node, redisKeys)
+		if err != nil {
+			return false, err
+		}
+		for i, k := range keys {
+			v, err := replies[i].Result()
+			var e *Entry
+			if err == nil {
+				e, err = decodeInspect(k, v, false)
+			}
+			if errors.Is(err, ErrNotFound) || errors.Is(err, errNotRecord) {
+				continue // expired since the SCAN, or not ours
+			}
+			if !fn(e, k, err) {
+				return false, nil
+			}
+		}
+		if cursor = next; cursor == 0 {
+			return true, nil
+		}
+	}
+}
+
+// inspectPage runs inspect.lua for every key in one pipeline: EVALSHA, and
+// EVAL again if the node has not the script loaded.
+func inspectPage(ctx context.Context, node redis.UniversalClient, keys []string) ([]*redis.Cmd, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	run := func(eval func(redis.Pipeliner, string) *redis.Cmd) ([]*redis.Cmd, error) {
+		pipe := node.Pipeline()
+		cmds := make([]*redis.Cmd, len(keys))
+		for i, key := range keys {
+			cmds[i] = eval(pipe, key)
+		}
+		_, err := pipe.Exec(ctx)
+		if err != nil && !isReplyError(err) {
+			return nil, err // the connection, not one key
+		}
+		return cmds, nil
+	}
+	cmds, err := run(func(p redis.Pipeliner, key string) *redis.Cmd {
+		return inspectScript.EvalSha(ctx, p, []string{key}, "head")
+	})
+	if err != nil || !redis.HasErrorPrefix(cmds[0].Err(), "NOSCRIPT") {
+		return cmds, err
+	}
+	return run(func(p redis.Pipeliner, key string) *redis.Cmd {
+		return inspectScript.Eval(ctx, p, []string{key}, "head")
+	})
+}
+
+func isReplyError(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr)
+}
+
+// parseRecordKey returns the key of a record's Redis key name, or false
+// for any other name (a claim mark, another application's key).
+func (in *Inspector) parseRecordKey(name string) (Key, bool) {
+	rest, ok := strings.CutPrefix(name, in.prefix+"{")
+	if !ok || len(rest) != 2*len(Key{})+1 || rest[len(rest)-1] != '}' {
+		return Key{}, false
+	}
+	k, err := ParseKeyHash(rest[:len(rest)-1])
+	return k, err == nil
+}
+
+// Purge deletes the record of k and its claim mark (one slot: one DEL),
+// then announces the purge on PurgeChannel so that every replica drops k
+// from its replay cache (see Store.WatchPurges). It reports whether there
+// was anything to delete. The announcement is sent either way: a replica
+// may still hold a record that Redis no longer has.
+func (in *Inspector) Purge(ctx context.Context, k Key) (bool, error) {
+	rec := recordKey(in.prefix, k)
+	n, err := in.rdb.Del(ctx, rec, rec+":m").Result()
+	if err != nil {
+		return false, fmt.Errorf("delete %s: %w", k, err)
+	}
+	if err := in.rdb.Publish(ctx, PurgeChannel(in.prefix), k.String()).Err(); err != nil {
+		return n > 0, fmt.Errorf("deleted %s, but could not announce it to the replicas' replay caches (PUBLISH %s): %w", k, PurgeChannel(in.prefix), err)
+	}
+	return n > 0, nil
+}
+
+// errNotRecord: the key is not a hash; not one of ours.
+var errNotRecord = errors.New("claim: not a record")
+
+// decodeInspect checks and decodes inspect.lua's reply. With body, the rec
+// field is whole and a completed record is decoded into Entry.Record;
+// without, only its status is read from its first bytes.
+func decodeInspect(k Key, v any, body bool) (*Entry, error) {
+	arr, ok := v.([]any)
+	if !ok || len(arr) < 1 {
+		return nil, fmt.Errorf("bad inspect reply %T", v)
+	}
+	f := make([]string, len(arr))
+	for i, a := range arr {
+		if f[i], ok = a.(string); !ok {
+			return nil, fmt.Errorf("bad inspect reply element %d: %T", i, a)
+		}
+	}
+	switch {
+	case f[0] == "none":
+		return nil, ErrNotFound
+	case f[0] != "hash":
+		return nil, fmt.Errorf("%w: a Redis %s, not a hash", errNotRecord, f[0])
+	case len(f) != 10:
+		return nil, fmt.Errorf("bad inspect reply: %d elements", len(f))
+	}
+	st, fp, at, ld, ct, up, rec := f[1], f[2], f[3], f[4], f[5], f[6], f[7]
+	if st != "i" {
+		ld = "" // the lock deadline stays in the record after it; it means nothing then
+	}
+	e := &Entry{Key: k, Fingerprint: []byte(fp), Upstream: up}
+	var err error
+	if e.RecordBytes, err = strconv.Atoi(f[8]); err != nil {
+		return nil, fmt.Errorf("bad inspect reply length %q", f[8])
+	}
+	pttl, err := strconv.ParseInt(f[9], 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("bad inspect reply pttl %q", f[9])
+	}
+	e.TTL = time.Duration(pttl) * time.Millisecond
+	if pttl < 0 {
+		e.TTL = -1
+	}
+	for _, t := range []struct {
+		field, v string
+		dst      *time.Time
+	}{{"at", at, &e.ClaimedAt}, {"ld", ld, &e.LockExpiresAt}, {"ct", ct, &e.CompletedAt}} {
+		if t.v == "" {
+			continue
+		}
+		ms, err := strconv.ParseInt(t.v, 10, 64)
+		if err != nil {
+			return e, fmt.Errorf("%w: field %s is %q, not milliseconds", errBadRecord, t.field, t.v)
+		}
+		*t.dst = time.UnixMilli(ms).UTC()
+	}
+	switch st {
+	case "i":
+		e.State = StateInFlight
+	case "c":
+		e.State = StateCompleted
+		if body {
+			if e.Record, err = DecodeRecord([]byte(rec)); err != nil {
+				return e, err
+			}
+			e.Status = e.Record.Status
+		} else if e.Status, err = recordStatus([]byte(rec)); err != nil {
+			return e, err
+		}
+	case "u":
+		e.State = StateUnknown
+		if rec == "" {
+			break // no status recorded: nothing more to say
+		}
+		if e.Status, err = strconv.Atoi(rec); err != nil || e.Status < 100 || e.Status > 999 {
+			return e, fmt.Errorf("%w: unknown state with status %q", errBadRecord, rec)
+		}
+	case "":
+		return e, fmt.Errorf("%w: no state field", errBadRecord)
+	default:
+		return e, fmt.Errorf("%w: state %q", errBadRecord, st)
+	}
+	return e, nil
+}
+
+// recordStatus reads the status from the first bytes of an encoded record
+// (see Encode): magic, version, flags, uvarint status.
+func recordStatus(head []byte) (int, error) {
+	if len(head) < 4 || head[0] != recordMagic || head[1] != recordVersion {
+		return 0, fmt.Errorf("%w: bad header", errBadRecord)
+	}
+	status, n := binary.Uvarint(head[3:])
+	if n <= 0 || status < 100 || status > 999 {
+		return 0, fmt.Errorf("%w: bad status", errBadRecord)
+	}
+	return int(status), nil
+}
+
+// globEscape quotes the characters SCAN's MATCH pattern gives a meaning.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func nodeName(c redis.UniversalClient) string {
+	if cl, ok := c.(*redis.Client); ok {
+		return cl.Options().Addr
+	}
+	return "Redis"
+}

@@ -1,0 +1,515 @@
+package main
+
+// idemproxy keys: operator commands on the records in Redis (README
+// "Operator commands: idemproxy keys"). They read the proxy's environment,
+// UPSTREAM_URL excepted, and talk to Redis directly.
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+const keysUsage = `Usage: idemproxy keys COMMAND [flags] [args]
+
+Operator commands on the records the proxies keep in Redis. They read the
+proxy's environment (REDIS_*, KEY_PREFIX, IDEMPOTENCY_HEADER, SCOPE_HEADERS,
+MAX_KEY_LENGTH; UPSTREAM_URL is not needed) and need a shared Redis: with
+REDIS_MODE=standalone, REDIS_URL must be set.
+
+Commands:
+  hash [--source SOURCE] [--scope NAME=VALUE]... PART...
+                           print the key_hash the proxy logs for a key
+  get KEY_HASH [--body]    print one record as JSON; --body: its raw body only
+  list [--state STATE] [--limit N]
+                           print records as NDJSON, one a line (SCAN, never KEYS)
+  purge KEY_HASH           delete a record: the next request with its key executes
+
+KEY_HASH is the 64 hex digits of key_hash in the access log. Exit status: 0
+done, 1 failure (Redis unreachable, no such record), 2 usage error.
+Run idemproxy keys COMMAND --help for a command's flags.
+`
+
+var keysCommandUsage = map[string]string{
+	"hash": `Usage: idemproxy keys hash [--source SOURCE] [--scope NAME=VALUE]... [--route-scope H1,H2] PART...
+
+Prints the key_hash (64 hex digits) that the proxy logs for a request, so
+that its record can be found with get or purge. Nothing is read from Redis.
+
+Without --source, PART is one key as sent in IDEMPOTENCY_HEADER (a quoted
+structured-field string is unquoted, as the proxy does). With --source, the
+route's key=SOURCE as written (a preset such as github or cloudevents, or an
+expression such as header:X-A+json:/id), and the PARTs are the values of one
+alternative's parts, in order (a ce-* header's value percent-decoded, as in
+a structured CloudEvent).
+
+--scope gives the value of a scope header, once per header (a header sent
+more than once: repeat it, values in order); the names are those of
+SCOPE_HEADERS, or of the route's scope= list given with --route-scope
+(--route-scope= for a route with scope= empty). An unnamed scope header is
+absent (""). A PART starting with "-" goes after "--".
+
+Flags:
+`,
+	"get": `Usage: idemproxy keys get KEY_HASH [--body]
+
+Prints the record of KEY_HASH as one JSON object: key_hash, state
+(in_flight, completed, unknown), status, fingerprint (hex), claimed_at,
+completed_at, lock_expires_at, ttl_ms, body_bytes, body_stored, headers.
+Never the key, the scope values or the claim token. With --body, writes the
+recorded body only, byte for byte. No record: exit status 1.
+
+Flags:
+`,
+	"list": `Usage: idemproxy keys list [--state in_flight|completed|unknown] [--limit N]
+
+Prints one JSON object a line for each record (key_hash, state, status,
+ttl_ms, claimed_at, completed_at), walking Redis with SCAN (every master of
+a Cluster), never KEYS, in no particular order, and stops after --limit.
+
+Flags:
+`,
+	"purge": `Usage: idemproxy keys purge KEY_HASH
+
+Deletes the record of KEY_HASH (and its claim mark), and tells every running
+proxy to drop it from its replay cache (Pub/Sub on KEY_PREFIX + "purge"):
+the next request with that key executes. Prints {"key_hash":...,"purged":true};
+purged is false, with a note on stderr, when nothing was there (exit 0).
+
+Flags:
+`,
+}
+
+// runKeys runs `idemproxy keys ARGS...`.
+func runKeys(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return keysBadUsage(stderr, keysUsage, errors.New("keys: a command is needed"))
+	}
+	cmd, args := args[0], args[1:]
+	switch cmd {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, keysUsage)
+		return nil
+	}
+	usage, ok := keysCommandUsage[cmd]
+	if !ok {
+		return keysBadUsage(stderr, keysUsage, fmt.Errorf("keys: unknown command %q", cmd))
+	}
+	kc := &keysCmd{name: cmd, stdout: stdout, stderr: stderr, fs: flag.NewFlagSet("keys "+cmd, flag.ContinueOnError)}
+	kc.fs.SetOutput(io.Discard)
+	kc.fs.DurationVar(&kc.timeout, "timeout", 30*time.Second, "give up after this long")
+	var run func(context.Context, []string) error
+	switch cmd {
+	case "hash":
+		run = kc.hashFlags()
+	case "get":
+		run = kc.getFlags()
+	case "list":
+		run = kc.listFlags()
+	case "purge":
+		run = kc.purgeFlags()
+	}
+	pos, err := parseInterleaved(kc.fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, usage+kc.flagDefaults())
+		return nil
+	}
+	if err != nil {
+		return kc.badUsage(err)
+	}
+	if kc.timeout <= 0 {
+		return kc.badUsage(fmt.Errorf("--timeout=%v: must be above zero", kc.timeout))
+	}
+	ctx, cancel := context.WithTimeout(ctx, kc.timeout)
+	defer cancel()
+	kc.environ = environ
+	err = run(ctx, pos)
+	if err != nil && errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("%w (gave up after --timeout=%v)", err, kc.timeout)
+	}
+	return err
+}
+
+// keysCmd is one `idemproxy keys` command being run.
+type keysCmd struct {
+	name           string
+	fs             *flag.FlagSet
+	timeout        time.Duration
+	environ        []string
+	stdout, stderr io.Writer
+	cfg            *Config
+}
+
+func (kc *keysCmd) flagDefaults() string {
+	var b strings.Builder
+	kc.fs.SetOutput(&b)
+	kc.fs.PrintDefaults()
+	kc.fs.SetOutput(io.Discard)
+	return b.String()
+}
+
+func (kc *keysCmd) badUsage(err error) error {
+	return keysBadUsage(kc.stderr, keysCommandUsage[kc.name]+kc.flagDefaults(), fmt.Errorf("keys %s: %w", kc.name, err))
+}
+
+func keysBadUsage(stderr io.Writer, usage string, err error) error {
+	fmt.Fprintf(stderr, "idemproxy: %v\n%s", err, usage)
+	return usageError{err}
+}
+
+// parseInterleaved parses flags that may come before, between or after the
+// positional arguments (keys get HASH --body), and returns the positional
+// ones. Everything after "--" is positional.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+}
+
+// config loads the proxy's configuration without UPSTREAM_URL, which no
+// command needs: a placeholder stands in for it, so that the same parsing
+// and checks apply as in the proxy (config.go is not changed for keys).
+func (kc *keysCmd) config() (*Config, error) {
+	if kc.cfg != nil {
+		return kc.cfg, nil
+	}
+	environ := append(kc.environ[:len(kc.environ):len(kc.environ)], "UPSTREAM_URL=http://upstream.invalid", "UPSTREAM_ID=")
+	cfg, err := loadConfig(environ)
+	if err != nil {
+		return nil, err
+	}
+	kc.cfg = cfg
+	return cfg, nil
+}
+
+// inspector connects to the proxies' Redis. It returns how to close it.
+func (kc *keysCmd) inspector() (*claim.Inspector, func(), error) {
+	cfg, err := kc.config()
+	if err != nil {
+		return nil, nil, err
+	}
+	if cfg.RedisMode == "standalone" && cfg.RedisURL == "" {
+		return nil, nil, errors.New("REDIS_URL is empty: keys needs the Redis the proxies use (with REDIS_URL empty each proxy runs its own embedded Redis, which no other process can reach)")
+	}
+	// go-redis's own complaints (a pool that cannot dial) would repeat the
+	// error this command reports; only worse ones get through.
+	st, err := openRedis(cfg, zerolog.New(kc.stderr).Level(zerolog.ErrorLevel))
+	if err != nil {
+		return nil, nil, err
+	}
+	return claim.NewInspector(st.client, cfg.KeyPrefix), st.close, nil
+}
+
+// redisFailed names the Redis that failed and how it is configured.
+func (kc *keysCmd) redisFailed(err error) error {
+	cfg := kc.cfg
+	where := fmt.Sprintf("REDIS_URL=%q", redactURL(cfg.RedisURL))
+	if cfg.RedisMode != "standalone" {
+		where = fmt.Sprintf("REDIS_MODE=%s REDIS_ADDRS=%q", cfg.RedisMode, strings.Join(cfg.RedisAddrs, ","))
+	}
+	return fmt.Errorf("keys %s: Redis (%s): %w", kc.name, where, err)
+}
+
+func (kc *keysCmd) keyHash(pos []string) (claim.Key, error) {
+	if len(pos) != 1 {
+		return claim.Key{}, kc.badUsage(fmt.Errorf("want one KEY_HASH, got %d arguments", len(pos)))
+	}
+	k, err := claim.ParseKeyHash(pos[0])
+	if err != nil {
+		return k, kc.badUsage(err)
+	}
+	return k, nil
+}
+
+// scopeFlag collects --scope NAME=VALUE.
+type scopeFlag struct{ pairs [][2]string }
+
+func (s *scopeFlag) String() string { return "" }
+func (s *scopeFlag) Set(v string) error {
+	name, val, ok := strings.Cut(v, "=")
+	if !ok || name == "" {
+		return fmt.Errorf("want NAME=VALUE, got %q", v)
+	}
+	s.pairs = append(s.pairs, [2]string{name, val})
+	return nil
+}
+
+func (kc *keysCmd) hashFlags() func(context.Context, []string) error {
+	source := kc.fs.String("source", "", "the route's key=SOURCE, as written (preset or expression)")
+	var scope scopeFlag
+	kc.fs.Var(&scope, "scope", "NAME=VALUE: a scope header's value (repeat for each header)")
+	var routeScope *[]string
+	kc.fs.Func("route-scope", "H1,H2: the route's scope= header names, instead of SCOPE_HEADERS", func(v string) error {
+		names := []string{}
+		if v != "" {
+			names = strings.Split(v, ",")
+		}
+		routeScope = &names
+		return nil
+	})
+	return func(_ context.Context, parts []string) error {
+		cfg, err := kc.config()
+		if err != nil {
+			return err
+		}
+		names := cfg.ScopeHeaders
+		if routeScope != nil {
+			names = *routeScope
+		}
+		values := make([]string, len(names))
+		for _, p := range scope.pairs {
+			i := indexFold(names, p[0])
+			if i < 0 {
+				from := fmt.Sprintf("SCOPE_HEADERS=%q", strings.Join(names, ","))
+				if routeScope != nil {
+					from = fmt.Sprintf("--route-scope=%q", strings.Join(names, ","))
+				}
+				return kc.badUsage(fmt.Errorf("--scope %s: not a scope header (%s)", p[0], from))
+			}
+			if values[i] != "" {
+				values[i] += "\n" // a header sent twice: the proxy joins its values
+			}
+			values[i] += p[1]
+		}
+		var key string
+		if *source == "" {
+			if len(parts) != 1 {
+				return kc.badUsage(fmt.Errorf("want one PART (the %s value as sent), got %d; for a key=SOURCE route give --source", cfg.IdempotencyHeader, len(parts)))
+			}
+			if key, err = proxy.HeaderKey(parts[0], cfg.MaxKeyLength); err != nil {
+				return kc.badUsage(fmt.Errorf("the proxy refuses this %s: %w", cfg.IdempotencyHeader, err))
+			}
+		} else {
+			ks, err := proxy.ParseKeySource(*source)
+			if err != nil {
+				return kc.badUsage(fmt.Errorf("--source=%s: %w", *source, err))
+			}
+			for i, p := range parts {
+				if p == "" || len(p) > cfg.MaxKeyLength {
+					return kc.badUsage(fmt.Errorf("PART %d is %d bytes; the proxy takes 1 to MAX_KEY_LENGTH=%d", i+1, len(p), cfg.MaxKeyLength))
+				}
+			}
+			if key, err = ks.Key(parts); err != nil {
+				return kc.badUsage(err)
+			}
+		}
+		fmt.Fprintln(kc.stdout, claim.NewKey(values, key).String())
+		return nil
+	}
+}
+
+func indexFold(names []string, name string) int {
+	for i, n := range names {
+		if strings.EqualFold(strings.TrimSpace(n), name) {
+			return i
+		}
+	}
+	return -1
+}
+
+// keyJSON is what get and list print of a record. It has no field for the
+// token, the key or a scope value.
+type keyJSON struct {
+	KeyHash       string               `json:"key_hash"`
+	State         claim.State          `json:"state,omitempty"`
+	Status        int                  `json:"status,omitempty"`
+	Fingerprint   string               `json:"fingerprint,omitempty"`
+	ClaimedAt     string               `json:"claimed_at,omitempty"`
+	CompletedAt   string               `json:"completed_at,omitempty"`
+	LockExpiresAt string               `json:"lock_expires_at,omitempty"`
+	TTLms         int64                `json:"ttl_ms"`
+	Upstream      string               `json:"upstream,omitempty"`
+	BodyBytes     *int                 `json:"body_bytes,omitempty"`
+	BodyStored    *bool                `json:"body_stored,omitempty"`
+	Headers       *map[string][]string `json:"headers,omitempty"`
+	Trailers      map[string][]string  `json:"trailers,omitempty"`
+	Error         string               `json:"error,omitempty"`
+}
+
+func newKeyJSON(k claim.Key, e *claim.Entry) keyJSON {
+	j := keyJSON{KeyHash: k.String(), TTLms: -2}
+	if e == nil {
+		return j
+	}
+	j.State, j.Status, j.Upstream = e.State, e.Status, e.Upstream
+	j.Fingerprint = hex.EncodeToString(e.Fingerprint)
+	j.ClaimedAt, j.CompletedAt, j.LockExpiresAt = jsonTime(e.ClaimedAt), jsonTime(e.CompletedAt), jsonTime(e.LockExpiresAt)
+	j.TTLms = e.TTL.Milliseconds()
+	if e.TTL < 0 {
+		j.TTLms = -1
+	}
+	if r := e.Record; r != nil {
+		n, stored := len(r.Body), !r.BodyNotStored
+		h := r.Header
+		if h == nil {
+			h = map[string][]string{}
+		}
+		j.BodyBytes, j.BodyStored, j.Headers, j.Trailers = &n, &stored, &h, r.Trailer
+	}
+	return j
+}
+
+func jsonTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format("2006-01-02T15:04:05.000Z07:00")
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+func (kc *keysCmd) getFlags() func(context.Context, []string) error {
+	body := kc.fs.Bool("body", false, "write the recorded body only, byte for byte")
+	return func(ctx context.Context, pos []string) error {
+		k, err := kc.keyHash(pos)
+		if err != nil {
+			return err
+		}
+		in, closeRedis, err := kc.inspector()
+		if err != nil {
+			return err
+		}
+		defer closeRedis()
+		e, err := in.Get(ctx, k)
+		switch {
+		case errors.Is(err, claim.ErrNotFound):
+			return fmt.Errorf("no record for key_hash %s (never claimed, expired, released or purged; KEY_PREFIX=%q)", k, kc.cfg.KeyPrefix)
+		case errors.Is(err, claim.ErrBadRecord):
+			return fmt.Errorf("the record of key_hash %s cannot be decoded (written by an incompatible version, or damaged): %w; idemproxy keys purge removes it", k, err)
+		case err != nil:
+			return kc.redisFailed(err)
+		}
+		if !*body {
+			return writeJSON(kc.stdout, newKeyJSON(k, e))
+		}
+		switch {
+		case e.Record == nil:
+			return fmt.Errorf("key_hash %s is %s: it has no recorded body", k, e.State)
+		case e.Record.BodyNotStored:
+			return fmt.Errorf("key_hash %s: the body of its %d answer was too large to store (MAX_STORED_RESPONSE_BYTES) and was not recorded", k, e.Status)
+		}
+		_, err = kc.stdout.Write(e.Record.Body)
+		return err
+	}
+}
+
+func (kc *keysCmd) listFlags() func(context.Context, []string) error {
+	state := kc.fs.String("state", "", "only records in this state: in_flight, completed or unknown")
+	limit := kc.fs.Int("limit", 100, "stop after this many records (1 to 100000)")
+	return func(ctx context.Context, pos []string) error {
+		switch claim.State(*state) {
+		case "", claim.StateInFlight, claim.StateCompleted, claim.StateUnknown:
+		default:
+			return kc.badUsage(fmt.Errorf("--state=%q: want in_flight, completed or unknown", *state))
+		}
+		if *limit < 1 || *limit > 100000 {
+			return kc.badUsage(fmt.Errorf("--limit=%d: want 1 to 100000", *limit))
+		}
+		if len(pos) > 0 {
+			return kc.badUsage(fmt.Errorf("unexpected argument %q", pos[0]))
+		}
+		in, closeRedis, err := kc.inspector()
+		if err != nil {
+			return err
+		}
+		defer closeRedis()
+		n := 0
+		var werr error
+		err = in.List(ctx, 500, func(e *claim.Entry, k claim.Key, derr error) bool {
+			if *state != "" && (e == nil || derr != nil || e.State != claim.State(*state)) {
+				return true
+			}
+			j := newKeyJSON(k, e)
+			if derr != nil {
+				j.Error = derr.Error()
+			}
+			if werr = writeJSON(kc.stdout, j); werr != nil {
+				return false
+			}
+			n++
+			return n < *limit
+		})
+		if err != nil {
+			return kc.redisFailed(err)
+		}
+		if werr != nil {
+			return werr
+		}
+		if n == *limit {
+			fmt.Fprintf(kc.stderr, "idemproxy keys list: stopped at --limit=%d; there may be more\n", *limit)
+		}
+		return nil
+	}
+}
+
+func (kc *keysCmd) purgeFlags() func(context.Context, []string) error {
+	return func(ctx context.Context, pos []string) error {
+		k, err := kc.keyHash(pos)
+		if err != nil {
+			return err
+		}
+		in, closeRedis, err := kc.inspector()
+		if err != nil {
+			return err
+		}
+		defer closeRedis()
+		purged, err := in.Purge(ctx, k)
+		if err != nil {
+			if purged {
+				_ = writeJSON(kc.stdout, map[string]any{"key_hash": k.String(), "purged": true})
+			}
+			return kc.redisFailed(err)
+		}
+		if !purged {
+			fmt.Fprintf(kc.stderr, "idemproxy keys purge: nothing was there for key_hash %s (KEY_PREFIX=%q); the replicas were told to forget it all the same\n", k, kc.cfg.KeyPrefix)
+		}
+		return writeJSON(kc.stdout, struct {
+			KeyHash string `json:"key_hash"`
+			Purged  bool   `json:"purged"`
+		}{k.String(), purged})
+	}
+}
+
+// watchPurges runs s.WatchPurges on rdb until the returned close function
+// is called, which then closes the store with closeStore. So `idemproxy
+// keys purge` reaches this replica's replay cache.
+func watchPurges(s *claim.Store, rdb redis.UniversalClient, closeStore func()) func() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = s.WatchPurges(ctx, rdb)
+	}()
+	return func() {
+		cancel()
+		<-done
+		closeStore()
+	}
+}
