@@ -3,8 +3,11 @@ package proxy_test
 import (
 	"context"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // TestReview12UnknownCountedOncePerKey: idemproxy_unknown_outcomes_total
@@ -50,5 +53,55 @@ func TestReview12UnknownCountedOncePerKey(t *testing.T) {
 	}
 	if got := e.calls.Load(); got != 1 {
 		t.Errorf("upstream calls %d, want 1", got)
+	}
+}
+
+// TestReview12HoldSlowOriginalReleaseWins: the README's rule "a known
+// answer is strictly better than unknown" (script result late) covers a
+// slow original that completes, not one that releases. The original's
+// lock expires (here: Redis's clock jumps), a retry holds the key as
+// unknown, then the upstream answers 503. With ON_5XX=release that answer
+// means "nothing happened: retry with the same key", and the first caller
+// is told so; but release.lua only deletes an in-flight record, so it
+// answers lost and the key stays unknown: the caller's retry gets 504
+// outcome-unknown until an operator purges a key whose outcome is known.
+// release.lua should accept its own token on a 'u' record as complete.lua
+// does.
+func TestReview12HoldSlowOriginalReleaseWins(t *testing.T) {
+	e := newEnv(t, miniBackend, func(o *proxy.Options) {
+		o.Default.Hold = true
+		o.UpstreamTimeout = 2 * time.Second
+		o.Default.LockTTL = 3 * time.Second
+	})
+	g := newGate()
+	defer g.open()
+	var n atomic.Int64
+	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			g.handler(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) })(w, r)
+			return
+		}
+		e.created(w, r)
+	})
+	first := make(chan response, 1)
+	go func() {
+		r, _ := e.send(context.Background(), e.srv, req{key: "rel", body: "b"})
+		first <- r
+	}()
+	g.wait(t)
+	e.advance(5 * time.Second) // Redis's clock: past the lock
+	wantUnknown(t, e.do(req{key: "rel", body: "b"}), http.StatusGatewayTimeout)
+	g.open()
+	select {
+	case r := <-first:
+		if r.Response == nil || r.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("original: %+v, want the upstream's 503", r.Response)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("original did not finish within 5s")
+	}
+	r := e.do(req{key: "rel", body: "b"})
+	if r.StatusCode != http.StatusCreated {
+		t.Errorf("retry after the original's 503 (released: nothing happened): %d %s; want it executed (201)", r.StatusCode, r.body)
 	}
 }
