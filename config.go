@@ -505,6 +505,25 @@ func (c *Config) collectWarnings() {
 	if c.FailMode == "open" {
 		c.warnings = append(c.warnings, "FAIL_MODE=open: while Redis is unreachable, requests are forwarded without any guarantee")
 	}
+	// hold promises "never again without an operator"; failing open
+	// forwards the retries of held keys while Redis is unreachable.
+	def := c.policy()
+	if def.Hold && def.FailOpen {
+		c.warnings = append(c.warnings, "ON_UNKNOWN=hold with FAIL_MODE=open: while Redis is unreachable, retries of keys whose outcome is unknown are forwarded and execute again")
+	}
+	for _, rt := range c.routes {
+		hold, open := def.Hold, def.FailOpen
+		if rt.Hold != nil {
+			hold = *rt.Hold
+		}
+		if rt.FailOpen != nil {
+			open = *rt.FailOpen
+		}
+		if hold && open && !rt.Off && (rt.Hold != nil || rt.FailOpen != nil) {
+			c.warnings = append(c.warnings, fmt.Sprintf(
+				"ROUTES rule %q: unknown=hold with fail=open (or FAIL_MODE=open): while Redis is unreachable, retries of keys whose outcome is unknown are forwarded and execute again", rt.Rule))
+		}
+	}
 }
 
 // maxUpstreamIDBytes bounds UPSTREAM_ID.

@@ -213,12 +213,13 @@ func (k Key) String() string { return hex.EncodeToString(k[:]) }
 // Fingerprint is the SHA-256 of what makes two requests "the same".
 type Fingerprint [sha256.Size]byte
 
-// keys returns the record key, in a one-element slice for the scripts. The
-// hash is the key's hash tag: a key that some future script pairs with it
-// lands on the same Redis Cluster slot. (Versions before the lock deadline
-// lived in the record also wrote a claim mark, RecordKey + ":m".)
+// keys returns the record key and the claim mark of versions before the lock
+// deadline lived in the record (claim.lua reads it, for an upgrade; complete
+// and release use the record key only). Both carry the key's hash as their
+// hash tag, so Redis Cluster keeps them on one slot.
 func (s *Store) keys(k Key) []string {
-	return []string{RecordKey(s.prefix, k)}
+	rec := RecordKey(s.prefix, k)
+	return []string{rec, rec + ":m"}
 }
 
 // RecordKey is the Redis key of k's record under prefix (KEY_PREFIX).
@@ -246,6 +247,10 @@ type Lease struct {
 	// was held as unknown), and nobody had claimed the key since: the
 	// outcome was recorded all the same.
 	Recreated bool
+	// AlreadyUnknown is set by Hold when the key was unknown already under
+	// this lease's token (a request found its lock expired and held it): the
+	// unknown outcome is not a new one.
+	AlreadyUnknown bool
 }
 
 // Acquire claims key for a request with fingerprint fp, or reports why not.
@@ -385,7 +390,7 @@ func (l *Lease) record(ctx context.Context, enc []byte, ttl time.Duration, state
 
 func (l *Lease) completeOnce(ctx context.Context, enc []byte, ttl time.Duration, state string) error {
 	start := time.Now()
-	v, acked, err := l.store.run(ctx, completeScript, l.keys, l.token, enc, ms(ttl), l.fp[:], l.store.upstream, state)
+	v, acked, err := l.store.run(ctx, completeScript, l.keys[:1], l.token, enc, ms(ttl), l.fp[:], l.store.upstream, state)
 	op := OpComplete
 	if state == "u" {
 		op = OpHold
@@ -415,7 +420,7 @@ func (l *Lease) Release(ctx context.Context) error {
 
 func (l *Lease) releaseOnce(ctx context.Context) error {
 	start := time.Now()
-	v, err := releaseScript.Run(ctx, l.store.rdb, l.keys, l.token).Result()
+	v, err := releaseScript.Run(ctx, l.store.rdb, l.keys[:1], l.token).Result()
 	return l.finish(OpRelease, v, err, start)
 }
 
@@ -470,9 +475,13 @@ func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, ar
 func (l *Lease) finish(op Op, v any, err error, start time.Time) error {
 	status, args, err := decodeReply(v, err)
 	label := resultLabel(status, err)
-	if status == "ok" && (args[0] == "recreated" || args[0] == "late") {
+	switch {
+	case status == "ok" && (args[0] == "recreated" || args[0] == "late"):
 		label = args[0]
 		l.Recreated = true
+	case status == "ok" && args[0] == "already":
+		label = args[0]
+		l.AlreadyUnknown = true
 	}
 	l.store.obs(Event{op, label, time.Since(start)})
 	if err != nil {

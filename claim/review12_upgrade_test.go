@@ -109,34 +109,3 @@ func TestReview12ExpireOldFormatClaimTakeoverReported(t *testing.T) {
 		})
 	}
 }
-
-// TestReview12RollbackOldReplicaSeesExpiredLock: the reverse direction, a
-// rollback (or a replica not yet upgraded) with ON_UNKNOWN=expire, the
-// default. A new replica claimed a key and died. Its record now lives for
-// the key's TTL with the lock as a deadline inside it; the previous
-// version knows only PEXPIRE, so to it the key stays "in flight" (409
-// Retry-After: 1) for the whole TTL (24h by default) instead of LOCK_TTL.
-// In expire mode nothing needs the in-flight record to outlive its lock
-// (hold is what needs it): keeping its PEXPIRE at the lock there (and
-// the takeover mark in a companion key, as before) would keep a rollback
-// safe.
-func TestReview12RollbackOldReplicaSeesExpiredLock(t *testing.T) {
-	for _, be := range backends(t) {
-		t.Run(be.name, func(t *testing.T) {
-			s := claim.NewStore(be.rdb, "test:", nil)
-			key := claim.NewKey(nil, "rollback")
-			terms := claim.Terms{LockTTL: 100 * time.Millisecond, TTL: time.Hour}
-			if _, _, err := s.Acquire(ctx, key, fp("A"), terms); err != nil {
-				t.Fatal(err)
-			}
-			be.advance(t, 250*time.Millisecond) // the new replica died; its lock has expired
-			rec := claim.RecordKey("test:", key)
-			f := fp("A")
-			v, err := redis.NewScript(oldClaimLua).Run(ctx, be.rdb, []string{rec, rec + ":m"},
-				"old-replica-token", f[:], terms.LockTTL.Milliseconds(), terms.TTL.Milliseconds(), "").StringSlice()
-			if err != nil || len(v) == 0 || (v[0] != "claimed" && v[0] != "takeover") {
-				t.Errorf("previous version's claim.lua after the lock expired: %v %v; want the key taken over (it answers 409 for the key's TTL)", v, err)
-			}
-		})
-	}
-}

@@ -140,7 +140,10 @@ func unknownAnswer(status int) answer {
 func observeAnswer(a answer) (outcome string, ok bool) {
 	switch a.outcome {
 	case outcomeInvalid, outcomeTooLarge:
-		if a.typ == typeBodyUnreadable {
+		if a.typ == typeBodyUnreadable || a.typ == typeRequestTimeout {
+			// The client broke off, or its body stalled (observe reads it
+			// read by read, as a pass-through body): answered as a plain
+			// forward would be.
 			return "", false
 		}
 		return outcomeWouldReject, true

@@ -98,7 +98,7 @@ func TestObserveTable(t *testing.T) {
 		{"no key, key required", h.keyAnswer(errNoKey, Policy{Required: true}, "POST"), outcomeWouldReject},
 		{"key invalid", h.keyAnswer(errors.New("comma"), Policy{}, "POST"), outcomeWouldReject},
 		{"body too large", h.bodyAnswer(&http.MaxBytesError{Limit: 10}, Policy{}), outcomeWouldReject},
-		{"body not in time", h.bodyAnswer(errBodyTimeout, Policy{}), outcomeWouldReject},
+		{"body stalled", h.bodyAnswer(errBodyTimeout, Policy{}), ""},
 		{"body unreadable (the client broke off)", h.bodyAnswer(errors.New("unexpected EOF"), Policy{}), ""},
 		{"different fingerprint", h.claimAnswer(claim.ErrMismatch, nil, Policy{}), outcomeWouldMismatch},
 		{"first in flight", h.claimAnswer(claim.ErrInFlight, nil, Policy{}), outcomeWouldConflict},

@@ -26,9 +26,13 @@ var errBodyTimeout = errors.New("request body not received within REQUEST_READ_T
 // readBody reads a keyed request's body, at most limit bytes, within
 // timeout. It holds at most what has arrived plus one chunk until the body is
 // complete, then copies it into one slice of its real size. When the body is
-// too large or too slow, it returns what it consumed with the error (at most
-// limit plus one chunk), so that observe mode can still forward it whole.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.Duration) ([]byte, error) {
+// too large, it returns what it consumed with the error (at most limit plus
+// one read), so that observe mode can still forward it whole.
+//
+// perRead (observe mode) bounds each read by timeout instead of the whole
+// body, as for a pass-through body: observe must not refuse a body that a
+// proxy without idempotency would have forwarded.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.Duration, perRead bool) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
@@ -41,11 +45,27 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.
 		// whose body timed out is closed by the server anyway.
 		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
 	}
-	b, err := readChunked(r.Body, r.ContentLength, limit)
+	var body io.Reader = r.Body
+	if perRead {
+		body = deadlineReader{r.Body, rc, timeout}
+	}
+	b, err := readChunked(body, r.ContentLength, limit)
 	if isTimeout(err) {
 		return b, errBodyTimeout
 	}
 	return b, err
+}
+
+// deadlineReader gives each read of a request body timeout from its start.
+type deadlineReader struct {
+	r       io.Reader
+	rc      *http.ResponseController
+	timeout time.Duration
+}
+
+func (d deadlineReader) Read(p []byte) (int, error) {
+	_ = d.rc.SetReadDeadline(time.Now().Add(d.timeout))
+	return d.r.Read(p)
 }
 
 // unreadBody gives r back the body readBody consumed in part: prefix, then
@@ -85,6 +105,11 @@ func readChunked(body io.Reader, declared, limit int64) ([]byte, error) {
 		for n < len(*c) {
 			m, err := body.Read((*c)[n:])
 			n += m
+			if total+int64(n) > limit {
+				// Checked per read: a small limit is not read past by a chunk.
+				*c = (*c)[:n]
+				return joinChunks(chunks, total+int64(n)), &http.MaxBytesError{Limit: limit}
+			}
 			if err == io.EOF {
 				done = true
 				break

@@ -193,6 +193,15 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 			// The request never left: release, so a retry executes.
 			h.release(r, lease, res)
 			a.detail = a.title + ". The request was not sent; retry with the same key."
+			if pol.Observe {
+				a.detail = a.title + ". The request was not sent."
+			}
+		case pol.Observe:
+			// Retries are forwarded in observe mode whatever the claim says.
+			a.detail = a.title + ". The request may have been executed."
+			if pol.Hold {
+				h.hold(r, lease, a.status, pol.TTL, res)
+			}
 		case pol.Hold:
 			a.detail = a.title + ". The request may have been executed; it is not executed again: retries with this key get this status (outcome-unknown) until an operator purges the key."
 			h.hold(r, lease, a.status, pol.TTL, res)
@@ -295,6 +304,10 @@ func (h *Handler) hold(r *http.Request, lease *claim.Lease, status int, ttl time
 	err := lease.Hold(r.Context(), status, ttl)
 	lg := hlog.FromRequest(r)
 	switch {
+	case err == nil && lease.AlreadyUnknown:
+		// A request found our lock expired and held the key, and counted it.
+		lg.Warn().Str("key_hash", res.keyHash).Int("status", status).
+			Msg("outcome unknown: key already held (its lock had expired) until an operator purges it")
 	case err == nil || errors.Is(err, claim.ErrNotReplicated):
 		h.metrics.unknownOutcomes.WithLabelValues(cause).Inc()
 		lg.Warn().Err(err).Str("key_hash", res.keyHash).Int("status", status).

@@ -7,6 +7,9 @@
 --            ld   lock deadline (ms, Redis clock) while in flight
 --            ct   when it was completed or became unknown (ms)
 --            rec  'c': the encoded response; 'u': the status answered (502, 504)
+-- KEYS[2]  claim mark  <prefix>{<hash>}:m, written only by versions before the lock deadline
+--                      lived in the record: it outlived their abandoned claims (read, for an
+--                      upgrade, when there is no record; never written)
 -- ARGV[1]  token       random, unique per claim
 -- ARGV[2]  fingerprint sha-256 of what the profile compares (32 raw bytes)
 -- ARGV[3]  lock TTL    ms; the claim holds the key this long (judged on Redis TIME)
@@ -31,7 +34,7 @@
 --   {"unknown", "504", "held"}  ... and this request found its lock expired and held it
 --
 -- Records of versions before 'ld' existed expire with their lock (PEXPIRE) and
--- are in flight until then.
+-- are in flight until then; their abandoned claims are found by the mark.
 local cur = redis.call('HMGET', KEYS[1], 'st', 'fp', 'rec', 'tok', 'up', 'ld', 'at')
 local now = nil -- Redis's clock, read only when a lock is judged or written
 local function clock()
@@ -71,6 +74,22 @@ if cur[1] then
     redis.call('HSET', KEYS[1], 'st', 'u', 'rec', '504', 'ct', string.format('%d', now))
     redis.call('PEXPIRE', KEYS[1], ARGV[4])
     return {'unknown', '504', 'held'}
+  end
+end
+
+if not cur[1] then
+  local mark = redis.call('GET', KEYS[2])
+  if mark then
+    -- An abandoned claim of an earlier version: its lock expired with its record.
+    redis.call('DEL', KEYS[2])
+    if ARGV[6] == '1' then
+      local snow = string.format('%d', clock())
+      redis.call('HSET', KEYS[1], 'st', 'u', 'tok', '', 'fp', ARGV[2], 'up', ARGV[5], 'rec', '504',
+        'at', mark, 'ct', snow)
+      redis.call('PEXPIRE', KEYS[1], ARGV[4])
+      return {'unknown', '504', 'held'}
+    end
+    prev = mark
   end
 end
 

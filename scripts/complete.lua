@@ -17,6 +17,9 @@
 -- so the outcome is recorded anyway, with the claim's fingerprint;
 -- {"ok", "late"} when our lock had expired (or the claim was held as unknown)
 -- but nobody took the key over: the real answer wins over "unknown".
+-- {"ok", "already"} when the record is unknown already under our token (a
+-- request found our lock expired and held it, or the client resent the
+-- script after losing the reply): not a new unknown outcome.
 -- Completing twice with the same token answers "ok" again (the client
 -- resent the script after losing the reply). A completed record is never
 -- turned into an unknown one.
@@ -32,8 +35,11 @@ end
 if cur[2] ~= ARGV[1] then
   return {'lost'}
 end
-if cur[1] == 'c' or cur[1] == ARGV[6] then
+if cur[1] == 'c' then
   return {'ok'}
+end
+if cur[1] == ARGV[6] then
+  return {'ok', 'already'}
 end
 redis.call('HSET', KEYS[1], 'st', ARGV[6], 'rec', ARGV[2], 'ct', string.format('%d', now))
 redis.call('PEXPIRE', KEYS[1], ARGV[3])

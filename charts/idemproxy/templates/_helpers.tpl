@@ -178,8 +178,8 @@ The ROUTES string built from config.routes: rules joined by ";", each
 {{- $off := or (index $r "off") (index $r "false") }}
 {{- if or $off $r.upgrade }}
 {{- range $opt := list "ttl" "lock" "required" "fail" "wait" "on5xx" "key" "scope" "fingerprint" "unknown" "observe" }}
-{{- /* hasKey for scope: an empty list (scope=) is an option too. */}}
-{{- if or (index $r $opt) (and (eq $opt "scope") (hasKey $r "scope")) }}
+{{- /* hasKey for scope and observe: an empty list (scope=) and false (enforce) are options too. */}}
+{{- if or (index $r $opt) (and (has $opt (list "scope" "observe")) (hasKey $r $opt)) }}
 {{- fail (printf "%s (%s): off means plain pass-through (and upgrade implies off), so %s would be ignored; remove it" $where $id $opt) }}
 {{- end }}
 {{- end }}
