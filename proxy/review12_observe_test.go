@@ -106,7 +106,6 @@ func TestReview12ObserveSlowBodyForwardedWhole(t *testing.T) {
 	}
 }
 
-
 // TestReview12ObserveUpstreamFailureDetailTellsTheTruth: on an observed
 // route the first request's upstream times out. The proxy writes its own
 // 504 (as a pass-through would), but its detail is enforce's promise:
