@@ -351,7 +351,9 @@ func (s *Store) newLease(keys []string, token string, fp Fingerprint) *Lease {
 // ErrNotReplicated (wrapped) means the record was written on the master but
 // not acknowledged by enough replicas; nothing is retried then.
 func (l *Lease) Complete(ctx context.Context, rec *Record, ttl time.Duration) error {
-	return l.record(ctx, rec.Encode(), ttl, "c", rec.Trace)
+	// A copy: rec.Trace itself, handed on to the script's arguments, would
+	// make the compiler move the whole record (its headers) to the heap.
+	return l.record(ctx, rec.Encode(), ttl, "c", strings.Clone(rec.Trace))
 }
 
 // Hold records that the claim's outcome is unknown (Terms.Hold): its request
