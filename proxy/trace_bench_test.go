@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"testing"
+	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -32,5 +33,27 @@ func BenchmarkHandlerOwnCostTraced(b *testing.B) {
 				serve(b, h, "k")
 			}
 		})
+	}
+}
+
+// BenchmarkHandlerReplayCachedTraced is BenchmarkHandlerReplayCached with
+// every request sampled: a replay's server span, with its link to the
+// recorded execution, batched to an exporter that discards it.
+func BenchmarkHandlerReplayCachedTraced(b *testing.B) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+	b.Cleanup(func() { _ = tp.Shutdown(b.Context()) })
+	rec := &claim.Record{Status: 201, Header: map[string][]string{
+		"Content-Type": {"application/json"}, "Content-Length": {"200"},
+	}, Body: []byte(upstreamBody)}
+	opts := memoryOptions(nil)
+	opts.TracerProvider = tp
+	h, err := New(claim.NewStore(replayScripter{rec: string(rec.Encode()), trace: "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"}, "idem:", nil,
+		claim.ReplayCache(1<<20, time.Minute), claim.Tracing(tp)), opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		serve(b, h, "same")
 	}
 }
