@@ -520,3 +520,42 @@ func TestTracingBadProtocolRefusesToStart(t *testing.T) {
 		t.Fatalf("run: got %v, want a refusal naming OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", err)
 	}
 }
+
+// An upstream that cannot be reached: the upstream span records the error,
+// the server span the proxy's 502 and the outcome (the claim released).
+func TestTracingUpstreamError(t *testing.T) {
+	sink, endpoint := newOTLPHTTPSink(t)
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close() // connection refused from now on
+	env := append([]string{"UPSTREAM_URL=" + deadURL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR="},
+		tracingEnv(t, envEndpoint+"="+endpoint)...)
+	a, _ := startEnv(t, env...)
+	c := newClient(t)
+	if r := mustPost(t, c, "http://"+a.proxyAddr.String()+"/v1/orders", "k-err", `{}`); r.status != http.StatusBadGateway {
+		t.Fatalf("POST: got %v, want %v", r.status, http.StatusBadGateway)
+	}
+	flush(t, a)
+	spans, _ := sink.snapshot()
+	servers := serverSpans(spans)
+	if len(servers) != 1 {
+		t.Fatalf("server spans: got %d, want 1 (%v)", len(servers), spanNames(spans))
+	}
+	srv := servers[0]
+	checkAttrs(t, srv, map[string]string{"http.response.status_code": "502", "idempotency.outcome": "released", "error.type": "502"})
+	if srv.GetStatus().GetCode() != tracepb.Status_STATUS_CODE_ERROR {
+		t.Errorf("server span status: got %v, want error", srv.GetStatus())
+	}
+	kids := children(spans, srv)
+	if len(kids["POST"]) != 1 || len(kids["redis release"]) != 1 {
+		t.Fatalf("children: got %v, want POST and redis release", keysOf(kids))
+	}
+	up := kids["POST"][0]
+	checkAttrs(t, up, map[string]string{"error.type": "upstream_error"})
+	if up.GetStatus().GetCode() != tracepb.Status_STATUS_CODE_ERROR {
+		t.Errorf("upstream span status: got %v, want error", up.GetStatus())
+	}
+	if _, ok := attrs(up)["http.response.status_code"]; ok {
+		t.Errorf("upstream span has a response status; there was no response")
+	}
+}
