@@ -74,6 +74,7 @@ type Config struct {
 	routes     []proxy.Route
 	level      zerolog.Level
 	fp         proxy.Fingerprint
+	tracing    tracingConfig // OTEL_* (tracing.go)
 }
 
 // loadConfig parses and validates the environment (KEY=value entries, as
@@ -177,6 +178,7 @@ func (c *Config) validate(raw map[string]string, failed map[string]bool) []strin
 	c.checkSizes(k)
 	c.checkModes(k)
 	c.checkRoutes(k)
+	c.checkTracing(k)
 	c.collectWarnings()
 	return k.problems
 }

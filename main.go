@@ -103,6 +103,7 @@ type app struct {
 	proxyAddr net.Addr
 	adminAddr net.Addr
 	failed    chan error
+	tracing   *tracing // nil: tracing off
 }
 
 // start opens Redis, binds the listeners and serves. Listeners are bound
@@ -129,7 +130,18 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 	reg.MustRegister(buildInfo, unsafe, ready)
 	metrics := proxy.NewMetrics(reg)
 
-	storeOpts := []claim.Option{claim.ReplayCache(cfg.ReplayCacheBytes, replayCacheMaxAge), claim.Upstream(cfg.upstreamID)}
+	tr, err := newTracing(cfg.tracing, logger)
+	if err != nil {
+		st.close()
+		return nil, err
+	}
+	started := false
+	defer func() {
+		if !started {
+			_ = tr.shutdown(context.Background())
+		}
+	}()
+	storeOpts := []claim.Option{claim.ReplayCache(cfg.ReplayCacheBytes, replayCacheMaxAge), claim.Upstream(cfg.upstreamID), claim.Tracing(tr.provider())}
 	if cfg.RedisWaitReplicas > 0 {
 		storeOpts = append(storeOpts, claim.WaitReplicas(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout))
 	}
@@ -155,12 +167,13 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 		DocsURL:            cfg.DocsURL,
 		Logger:             logger,
 		Metrics:            metrics,
+		TracerProvider:     tr.provider(),
 	})
 	if err != nil {
 		st.close()
 		return nil, err
 	}
-	a := &app{logger: logger, store: st, handler: h, failed: make(chan error, 2)}
+	a := &app{logger: logger, store: st, handler: h, failed: make(chan error, 2), tracing: tr}
 	handler := hlog.NewHandler(logger)(hlog.RequestIDHandler("request_id", "X-Request-Id")(h))
 	a.proxySrv = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: newStdLog(logger)}
@@ -200,7 +213,11 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 	if a.adminAddr != nil {
 		ev = ev.Str("admin", a.adminAddr.String())
 	}
+	if tr != nil {
+		ev = ev.Str("tracing", cfg.tracing.protocol)
+	}
 	ev.Msg("idemproxy started")
+	started = true
 	return a, nil
 }
 
@@ -224,6 +241,9 @@ func (a *app) shutdown(timeout time.Duration) error {
 		_ = a.adminSrv.Shutdown(ctx)
 	}
 	a.store.close()
+	if terr := a.tracing.shutdown(ctx); terr != nil {
+		a.logger.Warn().Err(terr).Msg("spans of the last requests may be lost")
+	}
 	if err != nil {
 		return fmt.Errorf("SHUTDOWN_TIMEOUT=%s ran out before in-flight requests finished: %w", timeout, err)
 	}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/scripts"
 )
@@ -133,6 +134,7 @@ type Store struct {
 	waitReplicas int
 	waitTimeout  time.Duration
 	cache        *replayCache
+	tracer       trace.Tracer // nil: no spans (see Tracing)
 }
 
 // Option configures a Store.
@@ -283,10 +285,10 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, terms Term
 	status, args, err := decodeReply(v, err)
 	if err == nil && (status == "claimed" || status == "takeover") && acked < s.waitReplicas {
 		_ = s.newLease(keys, token, fp).releaseOnce(ctx) // best effort; the lock TTL frees it otherwise
-		s.obs(Event{OpClaim, "not_replicated", time.Since(start)})
+		s.observe(ctx, Event{OpClaim, "not_replicated", time.Since(start)}, start)
 		return nil, nil, fmt.Errorf("claim %s: %d of %d replicas acknowledged within %v: %w", key, acked, s.waitReplicas, s.waitTimeout, ErrNotReplicated)
 	}
-	s.obs(Event{OpClaim, resultLabel(status, err), time.Since(start)})
+	s.observe(ctx, Event{OpClaim, resultLabel(status, err), time.Since(start)}, start)
 	if err != nil {
 		// The script may have run and only its reply been lost: free the
 		// claim, or it would hold the key for its lock TTL and then count as
@@ -314,6 +316,7 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, terms Term
 		if derr != nil {
 			return nil, nil, fmt.Errorf("claim %s: %w", key, derr)
 		}
+		rec.Trace = args[2]
 		if s.cache != nil {
 			if pttl, perr := strconv.ParseInt(args[1], 10, 64); perr == nil && pttl > 0 {
 				// Redis measured the remaining TTL after we sent the claim:
@@ -353,7 +356,9 @@ func (s *Store) newLease(keys []string, token string, fp Fingerprint) *Lease {
 // ErrNotReplicated (wrapped) means the record was written on the master but
 // not acknowledged by enough replicas; nothing is retried then.
 func (l *Lease) Complete(ctx context.Context, rec *Record, ttl time.Duration) error {
-	return l.record(ctx, rec.Encode(), ttl, "c")
+	// A copy: rec.Trace itself, handed on to the script's arguments, would
+	// make the compiler move the whole record (its headers) to the heap.
+	return l.record(ctx, rec.Encode(), ttl, "c", strings.Clone(rec.Trace))
 }
 
 // Hold records that the claim's outcome is unknown (Terms.Hold): its request
@@ -362,10 +367,10 @@ func (l *Lease) Complete(ctx context.Context, rec *Record, ttl time.Duration) er
 // without executing, for ttl or until an operator purges the key. It retries
 // as Complete does; a real answer recorded by this lease is never replaced.
 func (l *Lease) Hold(ctx context.Context, status int, ttl time.Duration) error {
-	return l.record(ctx, []byte(strconv.Itoa(status)), ttl, "u")
+	return l.record(ctx, []byte(strconv.Itoa(status)), ttl, "u", "")
 }
 
-func (l *Lease) record(ctx context.Context, enc []byte, ttl time.Duration, state string) error {
+func (l *Lease) record(ctx context.Context, enc []byte, ttl time.Duration, state, tr string) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CompleteBudget)
 	defer cancel()
 	var err error
@@ -380,7 +385,7 @@ func (l *Lease) record(ctx context.Context, enc []byte, ttl time.Duration, state
 			t.Stop()
 			backoff = min(backoff*3, time.Second)
 		}
-		err = l.completeOnce(ctx, enc, ttl, state)
+		err = l.completeOnce(ctx, enc, ttl, state, tr)
 		if err == nil || errors.Is(err, ErrLost) || errors.Is(err, ErrNotReplicated) || ctx.Err() != nil {
 			return err
 		}
@@ -388,14 +393,14 @@ func (l *Lease) record(ctx context.Context, enc []byte, ttl time.Duration, state
 	return err
 }
 
-func (l *Lease) completeOnce(ctx context.Context, enc []byte, ttl time.Duration, state string) error {
+func (l *Lease) completeOnce(ctx context.Context, enc []byte, ttl time.Duration, state, tr string) error {
 	start := time.Now()
-	v, acked, err := l.store.run(ctx, completeScript, l.keys[:1], l.token, enc, ms(ttl), l.fp[:], l.store.upstream, state)
+	v, acked, err := l.store.run(ctx, completeScript, l.keys[:1], l.token, enc, ms(ttl), l.fp[:], l.store.upstream, state, tr)
 	op := OpComplete
 	if state == "u" {
 		op = OpHold
 	}
-	if err := l.finish(op, v, err, start); err != nil {
+	if err := l.finish(ctx, op, v, err, start); err != nil {
 		return err
 	}
 	if acked < l.store.waitReplicas {
@@ -421,7 +426,7 @@ func (l *Lease) Release(ctx context.Context) error {
 func (l *Lease) releaseOnce(ctx context.Context) error {
 	start := time.Now()
 	v, err := releaseScript.Run(ctx, l.store.rdb, l.keys[:1], l.token).Result()
-	return l.finish(OpRelease, v, err, start)
+	return l.finish(ctx, OpRelease, v, err, start)
 }
 
 // run runs a script with EVALSHA, falling back to EVAL on NOSCRIPT. With
@@ -472,7 +477,7 @@ func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, ar
 	return v, int(acked), nil
 }
 
-func (l *Lease) finish(op Op, v any, err error, start time.Time) error {
+func (l *Lease) finish(ctx context.Context, op Op, v any, err error, start time.Time) error {
 	status, args, err := decodeReply(v, err)
 	label := resultLabel(status, err)
 	switch {
@@ -483,7 +488,7 @@ func (l *Lease) finish(op Op, v any, err error, start time.Time) error {
 		label = args[0]
 		l.AlreadyUnknown = true
 	}
-	l.store.obs(Event{op, label, time.Since(start)})
+	l.store.observe(ctx, Event{op, label, time.Since(start)}, start)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", op, l.keys[0], err)
 	}
@@ -496,14 +501,14 @@ func (l *Lease) finish(op Op, v any, err error, start time.Time) error {
 	return fmt.Errorf("%s %s: unexpected status %q", op, l.keys[0], status)
 }
 
-// decodeReply checks the shape of a script reply: an array of one to three
+// decodeReply checks the shape of a script reply: an array of one to four
 // strings, the first a status.
-func decodeReply(v any, err error) (status string, args [2]string, _ error) {
+func decodeReply(v any, err error) (status string, args [3]string, _ error) {
 	if err != nil {
 		return "", args, err
 	}
 	arr, ok := v.([]any)
-	if !ok || len(arr) < 1 || len(arr) > 3 {
+	if !ok || len(arr) < 1 || len(arr) > 4 {
 		return "", args, fmt.Errorf("bad script reply %T %v", v, v)
 	}
 	if status, ok = arr[0].(string); !ok {

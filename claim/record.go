@@ -19,6 +19,12 @@ type Record struct {
 	// BodyNotStored marks a response whose body was too large (or streaming)
 	// to be kept: a replay answers with the status and an explanation.
 	BodyNotStored bool
+	// Trace is the trace context of the execution that recorded the answer,
+	// "<trace-id>-<span-id>" in hex, or "" (tracing off, or not sampled).
+	// It is not part of the encoding: Complete stores it beside the record
+	// (field tr), and Acquire returns it with a replay, so records read the
+	// same by every version.
+	Trace string
 }
 
 // The encoding is binary so bodies are stored as bytes, not base64:

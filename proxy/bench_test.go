@@ -169,10 +169,14 @@ func BenchmarkHandlerOwnCost(b *testing.B) {
 // replayScripter answers every claim with a completed record.
 type replayScripter struct {
 	fakeScripter
-	rec string
+	rec   string
+	trace string // the record's field tr; "" for none
 }
 
 func (p replayScripter) EvalSha(ctx context.Context, _ string, _ []string, args ...any) *redis.Cmd {
+	if p.trace != "" {
+		return redis.NewCmdResult([]any{"replay", p.rec, "3600000", p.trace}, nil)
+	}
 	return redis.NewCmdResult([]any{"replay", p.rec, "3600000"}, nil)
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/rs/zerolog/hlog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/claim"
 )
@@ -53,6 +54,9 @@ type Options struct {
 	Transport http.RoundTripper // nil: NewTransport() with ResponseHeaderTimeout = UpstreamTimeout
 	Logger    zerolog.Logger    // for errors outside a request
 	Metrics   *Metrics          // nil: metrics are registered nowhere
+	// TracerProvider, when set, traces every request (trace.go); nil: no
+	// tracing, and no tracing work on any request.
+	TracerProvider trace.TracerProvider
 }
 
 // Handler is the idempotency proxy.
@@ -67,7 +71,8 @@ type Handler struct {
 	titleUse string // IETF draft titles, with the configured header name
 	titleOut string
 	titleMis string
-	docsLink []string // the Link header of the proxy's problems; nil without DOCS_URL
+	docsLink []string     // the Link header of the proxy's problems; nil without DOCS_URL
+	tracer   trace.Tracer // nil: tracing off (trace.go)
 
 	stopWaits     chan struct{} // closed by StopWaiting
 	stopWaitsOnce sync.Once
@@ -150,6 +155,14 @@ func New(store Store, opts Options) (*Handler, error) {
 		ErrorHandler:   keyedError,
 		ErrorLog:       errLog,
 	}
+	if opts.TracerProvider != nil {
+		h.tracer = opts.TracerProvider.Tracer(tracerName)
+		for _, rp := range []*httputil.ReverseProxy{h.plain, h.keyed} {
+			rp.Rewrite = tracedRewrite(rp.Rewrite)
+			rp.ModifyResponse = tracedResponse(rp.ModifyResponse)
+			rp.ErrorHandler = tracedError(rp.ErrorHandler)
+		}
+	}
 	return h, nil
 }
 
@@ -226,6 +239,7 @@ type result struct {
 	hijacked     bool     // a protocol switch took the connection over: no deadlines
 	keySource    string   // keySourceHeader, keySourceDerived or keySourceNone
 	docsLink     []string // Link header for the proxy's own problems (DOCS_URL)
+	replayOf     string   // a replayed record's Trace (its execution), for the span link
 }
 
 // The key_source label and access-log field: a fixed set.
@@ -250,6 +264,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	res := result{route: "default", upstreamMS: -1, rc: http.NewResponseController(w), writeTimeout: h.opts.UpstreamTimeout,
 		keySource: keySourceNone, docsLink: h.docsLink}
 	defer h.finish(r, &res, start)
+	if h.tracer != nil {
+		var span trace.Span
+		r, span = h.startServerSpan(r)
+		defer endServerSpan(span, r.Method, &res)
+	}
 	// Every answer, the proxy's own problems included, is written under a
 	// deadline: a client that never reads (or pipelines and never reads)
 	// must not hold a connection. Each stage re-arms it before it writes,
@@ -341,6 +360,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	res.keyHash = k.String()
 
 	lease, rec, err := h.acquire(r.Context(), k, fp, pol)
+	if rec != nil {
+		res.replayOf = rec.Trace
+	}
 	var unknown *claim.UnknownError
 	if errors.As(err, &unknown) && unknown.Entered {
 		h.metrics.unknownOutcomes.WithLabelValues(causeLockExpired).Inc()

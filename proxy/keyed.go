@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog/hlog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/claim"
 )
@@ -144,6 +145,10 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.opts.UpstreamTimeout)
 	defer cancel()
 	ctx = context.WithValue(ctx, exchangeKey{}, ex)
+	var upSpan trace.Span
+	if h.tracer != nil {
+		ctx, upSpan = h.startUpstreamSpan(ctx, r.Method)
+	}
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn:      func(httptrace.GotConnInfo) { ex.gotConn.Store(true) },
 		WroteHeaders: func() { ex.sent.Store(true) },
@@ -176,6 +181,9 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	ex.onHeaders = func() { _ = res.rc.SetWriteDeadline(time.Now().Add(time.Until(upDeadline) / 2)) }
 	ex.arm = res.arm
 	aborted := h.forward(ex, out)
+	if upSpan != nil {
+		upSpan.End()
+	}
 	lg := hlog.FromRequest(r)
 	switch {
 	case !ex.headersAt.IsZero():
@@ -266,6 +274,9 @@ func (h *Handler) forward(ex *exchange, out *http.Request) (aborted bool) {
 // complete records the answer (claim.Lease retries it) and reports how
 // that went.
 func (h *Handler) complete(r *http.Request, lease *claim.Lease, rec *claim.Record, ttl time.Duration, res *result) {
+	if h.tracer != nil {
+		rec.Trace = traceRef(r.Context()) // the execution, for its replays' span links
+	}
 	err := lease.Complete(r.Context(), rec, ttl)
 	lg := hlog.FromRequest(r)
 	switch {

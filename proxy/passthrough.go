@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog/hlog"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // passthrough forwards without any idempotency handling, streaming the body
@@ -25,6 +26,11 @@ func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *resul
 	sw := &statusWriter{ResponseWriter: w, keep: proxyHeaders(w.Header(), h.opts.KeyHeader), rc: res.rc, res: res}
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
+	if h.tracer != nil {
+		var span trace.Span
+		ctx, span = h.startUpstreamSpan(ctx, r.Method)
+		defer span.End()
+	}
 	wd := &watchdog{timer: time.AfterFunc(h.opts.UpstreamTimeout, func() { cancel(errUpstreamStalled) }), d: h.opts.UpstreamTimeout}
 	defer wd.stop()
 	ctx = httptrace.WithClientTrace(context.WithValue(ctx, watchdogKey{}, wd), &httptrace.ClientTrace{

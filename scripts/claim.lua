@@ -7,6 +7,7 @@
 --            ld   lock deadline (ms, Redis clock) while in flight
 --            ct   when it was completed or became unknown (ms)
 --            rec  'c': the encoded response; 'u': the status answered (502, 504)
+--            tr   'c', only with tracing: '<trace-id>-<span-id>' of the execution (hex)
 -- KEYS[2]  claim mark  <prefix>{<hash>}:m, written only by versions before the lock deadline
 --                      lived in the record: it outlived their abandoned claims (read, for an
 --                      upgrade, when there is no record; never written)
@@ -30,12 +31,14 @@
 --   {"inflight"}                key is in flight for this fingerprint
 --   {"replay", "<record>", "<pttl ms>"}
 --                               key is completed for this fingerprint
+--   {"replay", "<record>", "<pttl ms>", "<tr>"}
+--                               ... and its execution was traced (field tr)
 --   {"unknown", "<status>"}     the key's outcome is unknown (held for an operator);
 --   {"unknown", "504", "held"}  ... and this request found its lock expired and held it
 --
 -- Records of versions before 'ld' existed expire with their lock (PEXPIRE) and
 -- are in flight until then; their abandoned claims are found by the mark.
-local cur = redis.call('HMGET', KEYS[1], 'st', 'fp', 'rec', 'tok', 'up', 'ld', 'at')
+local cur = redis.call('HMGET', KEYS[1], 'st', 'fp', 'rec', 'tok', 'up', 'ld', 'at', 'tr')
 local now = nil -- Redis's clock, read only when a lock is judged or written
 local function clock()
   if not now then
@@ -58,7 +61,11 @@ if cur[1] then
       return {'mismatch'}
     end
     if cur[1] == 'c' then
-      return {'replay', cur[3], tostring(redis.call('PTTL', KEYS[1]))}
+      local pttl = tostring(redis.call('PTTL', KEYS[1]))
+      if cur[8] then
+        return {'replay', cur[3], pttl, cur[8]}
+      end
+      return {'replay', cur[3], pttl}
     end
     if cur[1] == 'u' then
       return {'unknown', cur[3]}

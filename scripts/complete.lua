@@ -8,6 +8,8 @@
 -- ARGV[5]  upstream    as in claim.lua
 -- ARGV[6]  state       'c' completed, or 'u' outcome unknown (ON_UNKNOWN=hold: the
 --                      upstream timed out or broke off after the request was sent)
+-- ARGV[7]  trace       '<trace-id>-<span-id>' of the execution, written as field tr;
+--                      '' (tracing off, or not sampled): nothing is written
 --
 -- Reply: {"ok"}; {"lost"} when the record is held under another token (our
 -- lock expired and another request took over, or an operator purged the key
@@ -26,9 +28,15 @@
 local cur = redis.call('HMGET', KEYS[1], 'st', 'tok', 'ld')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function trace()
+  if ARGV[7] and ARGV[7] ~= '' then
+    redis.call('HSET', KEYS[1], 'tr', ARGV[7])
+  end
+end
 if not cur[1] then
   redis.call('HSET', KEYS[1], 'st', ARGV[6], 'tok', ARGV[1], 'fp', ARGV[4], 'up', ARGV[5],
     'rec', ARGV[2], 'ct', string.format('%d', now))
+  trace()
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {'ok', 'recreated'}
 end
@@ -42,6 +50,7 @@ if cur[1] == ARGV[6] then
   return {'ok', 'already'}
 end
 redis.call('HSET', KEYS[1], 'st', ARGV[6], 'rec', ARGV[2], 'ct', string.format('%d', now))
+trace()
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 if cur[1] == 'u' or (cur[3] and tonumber(cur[3]) <= now) then
   return {'ok', 'late'}

@@ -270,6 +270,9 @@ Render-time checks. Each fails with a message that names the value to change.
 {{- fail (printf "embedded Redis with %s: no Redis is configured (REDIS_MODE=standalone and neither redis.existingSecret nor redis.url is set), so every replica would start its own in-memory Redis and the same Idempotency-Key could execute once per replica: no guarantee at all. Set redis.existingSecret (or redis.url), or config.redisMode sentinel/cluster with config.redisAddrs; or run a single replica without autoscaling." (ternary "autoscaling.enabled=true" (printf "replicaCount=%d" (int .Values.replicaCount)) .Values.autoscaling.enabled)) }}
 {{- end }}
 {{- end }}
+{{- if and .Values.tracing.enabled (not .Values.tracing.endpoint) }}
+{{- fail "tracing.endpoint (OTEL_EXPORTER_OTLP_ENDPOINT) is required with tracing.enabled=true: the OTLP collector's URL, e.g. http://otel-collector.observability:4318" }}
+{{- end }}
 {{- if and (ne $c.redisMode "standalone") (not $c.redisAddrs) }}
 {{- fail (printf "config.redisAddrs (REDIS_ADDRS) is required with config.redisMode=%s: list the %s as host:port" $c.redisMode (ternary "sentinels" "cluster seed nodes" (eq $c.redisMode "sentinel"))) }}
 {{- end }}
