@@ -19,6 +19,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -307,6 +308,10 @@ func (b *bench) main(ctx context.Context) int {
 		load0 = []byte(strings.Join(f[:3], " "))
 	}
 
+	others := map[string]bool{}
+	for _, o := range otherBenches(cfg.workdir) {
+		others[o] = true
+	}
 	var results []result
 	for _, d := range cfg.delays {
 		if len(cfg.workloads) == 0 {
@@ -334,6 +339,14 @@ func (b *bench) main(ctx context.Context) int {
 			b.notes = append(b.notes, "memory checks stopped early: "+firstLine(err.Error()))
 		}
 	}
+	for _, o := range otherBenches(cfg.workdir) {
+		others[o] = true
+	}
+	if len(others) > 0 {
+		list := slices.Sorted(maps.Keys(others))
+		b.notes = append(b.notes, "another benchmark ran on this machine during this run (seen at its start or end): "+strings.Join(list, "; ")+
+			": both used the same cores, so neither run's figures are clean")
+	}
 	steal1, _ := readCPUTimes("cpu")
 	b.report(os.Stdout, results, mem, steal1.sub(steal0), strings.TrimSpace(string(load0)))
 	for _, m := range mem {
@@ -342,6 +355,30 @@ func (b *bench) main(ctx context.Context) int {
 		}
 	}
 	return exitOK
+}
+
+// otherBenches lists the benchmark drivers running besides this one (their
+// scratch directories are named idemproxy-bench.*, as bench.sh makes them),
+// as "pid N: argv[0]".
+func otherBenches(workdir string) []string {
+	ents, _ := os.ReadDir("/proc")
+	var out []string
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		argv0, _, _ := strings.Cut(string(cmd), "\x00")
+		if filepath.Base(argv0) == "bench" && strings.Contains(argv0, "/idemproxy-bench.") &&
+			(workdir == "" || !strings.HasPrefix(argv0, workdir+"/")) {
+			out = append(out, fmt.Sprintf("pid %d: %s", pid, argv0))
+		}
+	}
+	return out
 }
 
 func firstLine(s string) string { l, _, _ := strings.Cut(s, "\n"); return l }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -363,5 +364,37 @@ func TestInfoReport(t *testing.T) {
 	}
 	if !regexp.MustCompile(`0\s+info\s+7200\s+0\.00ms\s+0\.00ms\s+111\.0\s+0\.0\s+311\s+0`).MatchString(got) {
 		t.Errorf("info row at delay 0: want medians req/s 7200, cpu 111.0, log bytes/req 311:\n%s", got)
+	}
+}
+
+func TestOtherBenches(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "idemproxy-bench.t")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A process whose argv[0] looks like another driver's: a copy of sleep.
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep")
+	}
+	data, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "bench")
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	want := fmt.Sprintf("pid %d: %s", cmd.Process.Pid, bin)
+	if got := otherBenches("/tmp/idemproxy-bench.elsewhere"); !slices.Contains(got, want) {
+		t.Errorf("another driver's workdir: got %q, want it to hold %q", got, want)
+	}
+	if got := otherBenches(dir); slices.Contains(got, want) {
+		t.Errorf("our own workdir: got %q, want %q left out", got, want)
 	}
 }
