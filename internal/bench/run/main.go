@@ -43,7 +43,7 @@ const (
 
 var allWorkloads = []string{"unique", "replay", "mixed", "nokey", "unique1k", "json1k", "open", "info", "mem"}
 
-// defaultWorkloads is -only's default: about 5.5 minutes with the other
+// defaultWorkloads is -only's default: about 6 minutes with the other
 // defaults. info is left out (about 90 s more with two delays): it measures a
 // logging setting, not the request path, and is run on its own (-only info).
 const defaultWorkloads = "unique,replay,mixed,open,mem"
