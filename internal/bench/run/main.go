@@ -19,6 +19,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -40,7 +41,12 @@ const (
 	exitInterrupted = 130
 )
 
-var allWorkloads = []string{"unique", "replay", "mixed", "nokey", "unique1k", "json1k", "mem"}
+var allWorkloads = []string{"unique", "replay", "mixed", "nokey", "unique1k", "json1k", "open", "info", "mem"}
+
+// defaultWorkloads is -only's default: about 6 minutes with the other
+// defaults. info is left out (about 90 s more with two delays): it measures a
+// logging setting, not the request path, and is run on its own (-only info).
+const defaultWorkloads = "unique,replay,mixed,open,mem"
 
 type config struct {
 	repo, workdir string
@@ -51,11 +57,16 @@ type config struct {
 	rounds           int
 	conns, threads   int
 	primed           int
-	workloads        []string // wrk workloads to run, in order
+	workloads        []string // workloads to run: the wrk ones in order, then info and open (per delay)
 	mem              bool     // run the memory checks
 	delays           []time.Duration
 	cpus             map[string]string // wrk, proxy, upstream, redis -> taskset cpu list
 	nice             int
+
+	openRounds   int           // open-loop rounds per target and delay
+	openDuration time.Duration // measured part of an open-loop round
+	openWarmup   time.Duration // warm-up at the same rate before it
+	openFrac     float64       // the fixed rate as a share of the bare proxy's closed-loop req/s
 
 	idemBare bool     // put a second bare proxy in idemproxy's slot (harness self-test)
 	idemBin  string   // prebuilt idemproxy binary instead of building the tree
@@ -125,9 +136,15 @@ func parseFlags(args []string) (*config, int) {
 	fs.IntVar(&cfg.conns, "conns", 64, "wrk connections")
 	fs.IntVar(&cfg.threads, "threads", 1, "wrk threads")
 	fs.IntVar(&cfg.primed, "primed", 100, "keys primed for the replay and mixed workloads")
-	quick := fs.Bool("quick", false, "smoke test: -duration 2s -warmup 1s -rounds 1 (unless given)")
-	only := fs.String("only", "unique,replay,mixed,mem", "comma-separated workloads: unique, replay, mixed, nokey (no key), mem (memory checks), "+
-		"unique1k and json1k (a ~1 KiB Stripe-event body keyed by the Idempotency-Key header, or by its \"id\" through ROUTES key=json:/id; run both for the comparison of issue 11)")
+	quick := fs.Bool("quick", false, "smoke test: -duration 2s -warmup 1s -rounds 1 -open-duration 2s (unless given)")
+	only := fs.String("only", defaultWorkloads, "comma-separated workloads: unique, replay, mixed, nokey (no key), mem (memory checks), "+
+		"unique1k and json1k (a ~1 KiB Stripe-event body keyed by the Idempotency-Key header, or by its \"id\" through ROUTES key=json:/id; run both for the comparison of issue 11), "+
+		"open (unique at a fixed rate, open loop: latency added at -open-rate of the bare proxy's unique req/s; issue 14), "+
+		"info (unique through idemproxy at LOG_LEVEL=info against warn, the bench's level: the cost of the default access log; issue 14)")
+	fs.IntVar(&cfg.openRounds, "open-rounds", 0, "open-loop rounds per target and delay (0: -rounds)")
+	fs.DurationVar(&cfg.openDuration, "open-duration", 5*time.Second, "measured duration of one open-loop round")
+	fs.DurationVar(&cfg.openWarmup, "open-warmup", time.Second, "warm-up at the fixed rate before each open-loop round (0 for none)")
+	fs.Float64Var(&cfg.openFrac, "open-rate", 0.5, "open-loop rate as a fraction of the bare proxy's median req/s in its unique wrk rounds at the same delay")
 	delays := fs.String("delays", "0,2ms", "comma-separated upstream service delays")
 	fs.IntVar(&cfg.nice, "nice", 0, "run wrk, the proxies, upstream and Redis at this niceness (e.g. -10, as root) so other work on a shared machine disturbs less")
 	cpus := fs.String("cpus", "wrk=0,proxy=1,upstream=1,redis=1", "taskset cpu list per role")
@@ -160,6 +177,9 @@ func parseFlags(args []string) (*config, int) {
 		}
 		if !set["rounds"] {
 			cfg.rounds = 1
+		}
+		if !set["open-duration"] {
+			cfg.openDuration = 2 * time.Second
 		}
 	}
 	var bad []string
@@ -209,6 +229,12 @@ func parseFlags(args []string) (*config, int) {
 	if cfg.nice < -20 || cfg.nice > 19 {
 		bad = append(bad, "-nice: want -20..19")
 	}
+	if cfg.openRounds == 0 {
+		cfg.openRounds = cfg.rounds
+	}
+	if cfg.openRounds < 1 || cfg.openDuration < time.Second || cfg.openWarmup < 0 || cfg.openFrac <= 0 || cfg.openFrac > 2 {
+		bad = append(bad, "need -open-rounds >= 0, -open-duration >= 1s, -open-warmup >= 0, 0 < -open-rate <= 2")
+	}
 	if cfg.duration < time.Second || cfg.warmup < 0 || cfg.rounds < 1 || cfg.conns < 1 || cfg.threads < 1 || cfg.threads > cfg.conns || cfg.primed < 1 || cfg.slowN < 1 {
 		bad = append(bad, "need -duration >= 1s, -warmup >= 0, -rounds >= 1, 1 <= -threads <= -conns, -primed >= 1, -slow-n >= 1")
 	}
@@ -256,6 +282,7 @@ type bench struct {
 	ncpu    int // cpus in /proc/stat
 
 	upstreamBin, bareBin, idemBin string
+	openBin                       string // the fixed-rate generator (internal/bench/openloop)
 	script, eventTpl              string
 	redisAddr                     string
 	redis                         *proc
@@ -264,6 +291,8 @@ type bench struct {
 
 	affinity map[string]string // role -> Cpus_allowed_list seen on a live process
 	notes    []string          // warnings printed under the table
+	opens    []openResult      // open-loop phases, one per delay
+	infos    []infoResult      // LOG_LEVEL=info phases, one per delay
 	profiles []string          // -perf reports, printed after the table
 }
 
@@ -279,6 +308,10 @@ func (b *bench) main(ctx context.Context) int {
 		load0 = []byte(strings.Join(f[:3], " "))
 	}
 
+	others := map[string]bool{}
+	for _, o := range otherBenches(cfg.workdir) {
+		others[o] = true
+	}
 	var results []result
 	for _, d := range cfg.delays {
 		if len(cfg.workloads) == 0 {
@@ -288,7 +321,7 @@ func (b *bench) main(ctx context.Context) int {
 		results = append(results, rs...)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
-			if len(results) == 0 || ctx.Err() != nil {
+			if len(results)+len(b.opens)+len(b.infos) == 0 || ctx.Err() != nil {
 				return exitError
 			}
 			b.notes = append(b.notes, "run stopped early: "+firstLine(err.Error()))
@@ -306,6 +339,14 @@ func (b *bench) main(ctx context.Context) int {
 			b.notes = append(b.notes, "memory checks stopped early: "+firstLine(err.Error()))
 		}
 	}
+	for _, o := range otherBenches(cfg.workdir) {
+		others[o] = true
+	}
+	if len(others) > 0 {
+		list := slices.Sorted(maps.Keys(others))
+		b.notes = append(b.notes, "another benchmark ran on this machine during this run (seen at its start or end): "+strings.Join(list, "; ")+
+			": both used the same cores, so neither run's figures are clean")
+	}
 	steal1, _ := readCPUTimes("cpu")
 	b.report(os.Stdout, results, mem, steal1.sub(steal0), strings.TrimSpace(string(load0)))
 	for _, m := range mem {
@@ -314,6 +355,30 @@ func (b *bench) main(ctx context.Context) int {
 		}
 	}
 	return exitOK
+}
+
+// otherBenches lists the benchmark drivers running besides this one (their
+// scratch directories are named idemproxy-bench.*, as bench.sh makes them),
+// as "pid N: argv[0]".
+func otherBenches(workdir string) []string {
+	ents, _ := os.ReadDir("/proc")
+	var out []string
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		argv0, _, _ := strings.Cut(string(cmd), "\x00")
+		if filepath.Base(argv0) == "bench" && strings.Contains(argv0, "/idemproxy-bench.") &&
+			(workdir == "" || !strings.HasPrefix(argv0, workdir+"/")) {
+			out = append(out, fmt.Sprintf("pid %d: %s", pid, argv0))
+		}
+	}
+	return out
 }
 
 func firstLine(s string) string { l, _, _ := strings.Cut(s, "\n"); return l }
@@ -352,10 +417,11 @@ func (b *bench) setup(ctx context.Context) error {
 	}
 	b.affinity = map[string]string{}
 
-	logf("building fake upstream and bare proxy")
-	if err := goBuild(ctx, repo, cfg.workdir, "./internal/bench/upstream", "./internal/bench/bareproxy"); err != nil {
+	logf("building fake upstream, bare proxy and fixed-rate generator")
+	if err := goBuild(ctx, repo, cfg.workdir, "./internal/bench/upstream", "./internal/bench/bareproxy", "./internal/bench/openloop"); err != nil {
 		return err
 	}
+	b.openBin = filepath.Join(cfg.workdir, "openloop")
 	b.upstreamBin = filepath.Join(cfg.workdir, "upstream")
 	b.bareBin = filepath.Join(cfg.workdir, "bareproxy")
 	switch {
@@ -647,6 +713,10 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 	logPath := filepath.Join(b.cfg.workdir, fmt.Sprintf("%s-%d.log", kind, port))
 	t := &target{kind: kind, url: "http://" + addr}
 	var ready func() error
+	// kind: bare, or idemproxy as idem (LOG_LEVEL=warn, as every idemproxy
+	// round), warn (the same, in the info phase) or info (LOG_LEVEL=info, its
+	// default: a JSON access-log line per request on stdout, which goes to
+	// logPath like everything a process under test writes, never to a pipe).
 	if kind == "bare" || b.cfg.idemBare {
 		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], baseEnv(), logPath, b.bareBin,
 			"-listen", addr, "-upstream", up.url)
@@ -664,6 +734,12 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 			"REDIS_URL=redis://"+b.redisAddr,
 			"LOG_LEVEL=warn")
 		env = append(env, idemEnvFor(b.cfg.idemEnv, wl)...)
+		switch kind { // last: over any -idem-env LOG_LEVEL
+		case "info":
+			env = append(env, "LOG_LEVEL=info")
+		case "warn":
+			env = append(env, "LOG_LEVEL=warn")
+		}
 		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], env, logPath, b.idemBin)
 		ready = func() error { return b.get("http://" + admin + "/readyz") }
 	}

@@ -142,6 +142,14 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 			fmt.Fprintln(w, l)
 		}
 	}
+	for _, sec := range [][]string{infoReport(b.infos, cfg), openReport(b.opens, cfg, idemName)} {
+		if len(sec) > 0 {
+			fmt.Fprintln(w)
+			for _, l := range sec {
+				fmt.Fprintln(w, l)
+			}
+		}
+	}
 	if len(b.profiles) > 0 {
 		fmt.Fprintln(w, "\nperf profiles (perf record -g on the proxy's cpu during the warm-up of the first idemproxy round; entries over 1%; -keep keeps the data):")
 		for _, p := range b.profiles {
@@ -162,6 +170,8 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 	}
 	fmt.Fprintf(w, "\nbench took %v\n", time.Since(b.started).Round(time.Second))
 }
+
+func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0) }
 
 func (b *bench) coresLine() string {
 	c := b.cfg.cpus

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -32,6 +33,7 @@ type sample struct {
 	stealPct          float64
 	wrkPct            float64 // wrk's own CPU time, % of one core over the window
 	otherPct          float64 // CPU of every process but ours, % of one core (the noise)
+	logBytes          float64 // bytes the proxy wrote to its stdout/stderr log per request
 }
 
 // result holds every round of one (workload, delay).
@@ -50,6 +52,9 @@ func (b *bench) delayGroup(ctx context.Context, delay time.Duration) ([]result, 
 	defer up.p.stop()
 	var out []result
 	for _, wl := range b.cfg.workloads {
+		if wl == "open" || wl == "info" {
+			continue // after the closed-loop workloads, below
+		}
 		res := result{workload: wl, delay: delay}
 		for r := 0; r < b.cfg.rounds; r++ {
 			order := []string{"bare", "idem"}
@@ -64,8 +69,7 @@ func (b *bench) delayGroup(ctx context.Context, delay time.Duration) ([]result, 
 					}
 					return out, fmt.Errorf("%s delay=%v round %d %s: %w", wl, delay, r+1, kind, err)
 				}
-				logf("delay=%-4v %-6s round %d/%d %-4s %8.0f req/s  p50 %6.2fms  p99 %6.2fms  cpu %6.1fµs/req  rss %5.1fMiB  upstream/req %.2f  redis %5.1fµs/req  upstream %5.1fµs/req  new upstream conns %d  errors %d | busy: proxy's cpu %s, wrk's cpu %s; wrk itself %.0f%%, other processes %.0f%% of a core, steal %.1f%%",
-					delay, wl, r+1, b.cfg.rounds, kind, s.rps, s.p50ms, s.p99ms, s.cpuUs, s.rssMiB, s.upPerReq, s.redisUs, s.upstreamUs, s.upConns, s.errs, pct(s.proxyCPUBusyPct), pct(s.wrkCPUBusyPct), s.wrkPct, s.otherPct, s.stealPct)
+				b.logSample(delay, wl, r, kind, s)
 				if kind == "bare" {
 					res.bare = append(res.bare, s)
 				} else {
@@ -75,7 +79,23 @@ func (b *bench) delayGroup(ctx context.Context, delay time.Duration) ([]result, 
 		}
 		out = append(out, res)
 	}
+	if slices.Contains(b.cfg.workloads, "info") {
+		if err := b.infoPhase(ctx, up, delay); err != nil {
+			return out, err
+		}
+	}
+	if slices.Contains(b.cfg.workloads, "open") {
+		if err := b.openPhase(ctx, up, delay, out); err != nil {
+			return out, err
+		}
+	}
 	return out, nil
+}
+
+// logSample prints one measured wrk round on stderr.
+func (b *bench) logSample(delay time.Duration, wl string, r int, kind string, s sample) {
+	logf("delay=%-4v %-6s round %d/%d %-4s %8.0f req/s  p50 %6.2fms  p99 %6.2fms  cpu %6.1fµs/req  rss %5.1fMiB  upstream/req %.2f  redis %5.1fµs/req  upstream %5.1fµs/req  new upstream conns %d  errors %d | busy: proxy's cpu %s, wrk's cpu %s; wrk itself %.0f%%, other processes %.0f%% of a core, steal %.1f%%",
+		delay, wl, r+1, b.cfg.rounds, kind, s.rps, s.p50ms, s.p99ms, s.cpuUs, s.rssMiB, s.upPerReq, s.redisUs, s.upstreamUs, s.upConns, s.errs, pct(s.proxyCPUBusyPct), pct(s.wrkCPUBusyPct), s.wrkPct, s.otherPct, s.stealPct)
 }
 
 func pct(v float64) string {
@@ -88,7 +108,7 @@ func pct(v float64) string {
 // round measures one target on one workload with a fresh proxy process.
 func (b *bench) round(ctx context.Context, up *upstream, wl, kind string, r int, delay time.Duration) (sample, error) {
 	cfg := b.cfg
-	if kind == "idem" {
+	if kind != "bare" {
 		if _, err := redisDo(b.redisAddr, "FLUSHALL"); err != nil {
 			return sample{}, err
 		}
@@ -126,43 +146,7 @@ func (b *bench) round(ctx context.Context, up *upstream, wl, kind string, r int,
 		}
 	}
 
-	cpuLine := func(role string) string {
-		if _, err := strconv.Atoi(cfg.cpus[role]); err != nil {
-			return "" // a list of cpus: no single /proc/stat line
-		}
-		return "cpu" + cfg.cpus[role]
-	}
-	procCPU, wrkCPU := cpuLine("proxy"), cpuLine("wrk")
-	type snap struct {
-		proxy, redis, upstream int64
-		self                   int64
-		hits, conns            int64
-		core, wrkCore, all     cpuTimes
-		cmds                   map[string]int64
-	}
-	take := func() (snap, error) {
-		var s snap
-		var e [5]error
-		s.proxy, e[0] = cpuTicks(t.p.pid())
-		s.redis, e[1] = cpuTicks(b.redis.pid())
-		s.upstream, e[2] = cpuTicks(up.p.pid())
-		s.self, _ = cpuTicks(os.Getpid())
-		var st upstreamStats
-		st, e[3] = b.upstreamStats(up, false)
-		s.hits, s.conns = st.hits, st.conns
-		if procCPU != "" {
-			s.core, _ = readCPUTimes(procCPU)
-		}
-		if wrkCPU != "" {
-			s.wrkCore, _ = readCPUTimes(wrkCPU)
-		}
-		var info string
-		info, e[4] = redisDo(b.redisAddr, "INFO", "commandstats")
-		s.cmds = parseCommandStats(info)
-		s.all, _ = readCPUTimes("cpu")
-		return s, errors.Join(e[:]...)
-	}
-	s0, err := take()
+	s0, err := b.snapshot(t, up)
 	if err != nil {
 		return sample{}, err
 	}
@@ -170,7 +154,7 @@ func (b *bench) round(ctx context.Context, up *upstream, wl, kind string, r int,
 	if err != nil {
 		return sample{}, err
 	}
-	s1, err := take()
+	s1, err := b.snapshot(t, up)
 	if err != nil {
 		return sample{}, err
 	}
@@ -203,27 +187,89 @@ func (b *bench) round(ctx context.Context, up *upstream, wl, kind string, r int,
 		wrkCPUBusyPct:   -1,
 		redisCmds:       map[string]float64{},
 	}
-	if d := s1.core.sub(s0.core); d.total > 0 {
-		smp.proxyCPUBusyPct = 100 * float64(d.busy) / float64(d.total)
-	}
-	if d := s1.wrkCore.sub(s0.wrkCore); d.total > 0 {
-		smp.wrkCPUBusyPct = 100 * float64(d.busy) / float64(d.total)
-	}
+	smp.proxyCPUBusyPct, smp.wrkCPUBusyPct = s1.coreBusy(s0)
 	s1.cmds["info"]-- // the driver's own INFO before the window
 	for c, n := range s1.cmds {
 		if d := n - s0.cmds[c]; d > 0 {
 			smp.redisCmds[c] = float64(d) / float64(res.requests)
 		}
 	}
-	if d := s1.all.sub(s0.all); d.total > 0 {
-		smp.stealPct = 100 * float64(d.steal) / float64(d.total)
-		perCPU := float64(d.total) / float64(b.ncpu) // ticks one cpu lived through
-		wrkTicks := res.cpu.Seconds() * float64(b.clkTck)
-		ours := float64((s1.proxy-s0.proxy)+(s1.redis-s0.redis)+(s1.upstream-s0.upstream)+(s1.self-s0.self)) + wrkTicks
-		smp.wrkPct = 100 * wrkTicks / perCPU
-		smp.otherPct = max(0, 100*(float64(d.busy)-ours)/perCPU)
-	}
+	smp.stealPct, smp.wrkPct, smp.otherPct = b.noise(s0, s1, res.cpu)
+	smp.logBytes = float64(s1.logBytes-s0.logBytes) / float64(res.requests)
 	return smp, nil
+}
+
+// snap is what the driver reads before and after a measured window.
+type snap struct {
+	proxy, redis, upstream int64 // utime+stime ticks of each process
+	self                   int64 // the driver's own
+	hits, conns            int64 // upstream counters
+	core, wrkCore, all     cpuTimes
+	cmds                   map[string]int64 // Redis INFO commandstats calls
+	logBytes               int64            // size of the proxy's stdout+stderr log
+}
+
+// snapshot reads the counters of target t, Redis, the upstream and the cpus.
+func (b *bench) snapshot(t *target, up *upstream) (snap, error) {
+	cpuLine := func(role string) string {
+		if _, err := strconv.Atoi(b.cfg.cpus[role]); err != nil {
+			return "" // a list of cpus: no single /proc/stat line
+		}
+		return "cpu" + b.cfg.cpus[role]
+	}
+	var s snap
+	var e [5]error
+	s.proxy, e[0] = cpuTicks(t.p.pid())
+	s.redis, e[1] = cpuTicks(b.redis.pid())
+	s.upstream, e[2] = cpuTicks(up.p.pid())
+	s.self, _ = cpuTicks(os.Getpid())
+	var st upstreamStats
+	st, e[3] = b.upstreamStats(up, false)
+	s.hits, s.conns = st.hits, st.conns
+	if c := cpuLine("proxy"); c != "" {
+		s.core, _ = readCPUTimes(c)
+	}
+	if c := cpuLine("wrk"); c != "" {
+		s.wrkCore, _ = readCPUTimes(c)
+	}
+	var info string
+	info, e[4] = redisDo(b.redisAddr, "INFO", "commandstats")
+	s.cmds = parseCommandStats(info)
+	s.all, _ = readCPUTimes("cpu")
+	if fi, err := os.Stat(t.p.log); err == nil {
+		s.logBytes = fi.Size()
+	}
+	return s, errors.Join(e[:]...)
+}
+
+// coreBusy returns the busy share of the proxy's and the load generator's
+// cpus between s0 and s1, in %, -1 where unknown.
+func (s1 snap) coreBusy(s0 snap) (proxyPct, genPct float64) {
+	proxyPct, genPct = -1, -1
+	if d := s1.core.sub(s0.core); d.total > 0 {
+		proxyPct = 100 * float64(d.busy) / float64(d.total)
+	}
+	if d := s1.wrkCore.sub(s0.wrkCore); d.total > 0 {
+		genPct = 100 * float64(d.busy) / float64(d.total)
+	}
+	return proxyPct, genPct
+}
+
+// noise returns the machine's steal, the load generator's own CPU (gen, as
+// rusage) and the CPU of every process but the benchmark's, the last two in %
+// of one core, between s0 and s1.
+func (b *bench) noise(s0, s1 snap, gen time.Duration) (stealPct, genPct, otherPct float64) {
+	d := s1.all.sub(s0.all)
+	if d.total <= 0 {
+		return 0, 0, 0
+	}
+	stealPct = 100 * float64(d.steal) / float64(d.total)
+	perCPU := float64(d.total) / float64(b.ncpu) // ticks one cpu lived through
+	genTicks := gen.Seconds() * float64(b.clkTck)
+	ours := float64((s1.proxy-s0.proxy)+(s1.redis-s0.redis)+(s1.upstream-s0.upstream)+(s1.self-s0.self)) + genTicks
+	genPct = 100 * genTicks / perCPU
+	otherPct = max(0, 100*(float64(d.busy)-ours)/perCPU)
+	return stealPct, genPct, otherPct
 }
 
 // prime sends one request of workload wl per primed key, 8 at a time; each
@@ -287,7 +333,7 @@ func (b *bench) probe(ctx context.Context, url, pprefix, tag, wl string) {
 }
 
 // median of one field over rounds.
-func median(ss []sample, f func(sample) float64) float64 {
+func median[T any](ss []T, f func(T) float64) float64 {
 	if len(ss) == 0 {
 		return 0
 	}

@@ -4,12 +4,15 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -96,7 +99,17 @@ func TestParseFlags(t *testing.T) {
 	if code >= 0 || !slices.Equal(cfg.workloads, []string{"unique1k", "json1k"}) || cfg.mem {
 		t.Errorf("-only unique1k,json1k: code %d, workloads %q, mem %v", code, cfg.workloads, cfg.mem)
 	}
-	for _, bad := range [][]string{{"-only", "nope"}, {"-delays", "x"}, {"-cpus", "wrk=0"}, {"-idem-env", "NOEQUALS"}, {"-rounds", "0"}} {
+	cfg, code = parseFlags(nil)
+	if code >= 0 || !slices.Equal(cfg.workloads, []string{"unique", "replay", "mixed", "open"}) || !cfg.mem ||
+		cfg.openRounds != 2 || cfg.openDuration != 5*time.Second || cfg.openFrac != 0.5 {
+		t.Errorf("defaults: code %d, workloads %q, mem %v, open rounds %d duration %v rate %v", code, cfg.workloads, cfg.mem, cfg.openRounds, cfg.openDuration, cfg.openFrac)
+	}
+	cfg, code = parseFlags([]string{"-quick", "-only", "open,info", "-rounds", "3"})
+	if code >= 0 || !slices.Equal(cfg.workloads, []string{"open", "info"}) || cfg.openRounds != 3 || cfg.openDuration != 2*time.Second {
+		t.Errorf("-quick -only open,info -rounds 3: code %d, workloads %q, open rounds %d duration %v", code, cfg.workloads, cfg.openRounds, cfg.openDuration)
+	}
+	for _, bad := range [][]string{{"-only", "nope"}, {"-delays", "x"}, {"-cpus", "wrk=0"}, {"-idem-env", "NOEQUALS"}, {"-rounds", "0"},
+		{"-open-rate", "0"}, {"-open-duration", "500ms"}, {"-open-rounds", "-1"}} {
 		if _, code := parseFlags(bad); code != exitUsage {
 			t.Errorf("parseFlags(%q): exit code %d, want %d", bad, code, exitUsage)
 		}
@@ -243,5 +256,145 @@ func TestWorkloadLuaEvents(t *testing.T) {
 				t.Errorf("%d of %d requests wrong, first: %s", len(bad), len(seen), bad[0])
 			}
 		})
+	}
+}
+
+func TestParseOpenLine(t *testing.T) {
+	out := "MEASURE\nOPENLOOP {\"requests\":10000,\"rate\":2000.4,\"throughput\":1990.1,\"success\":0.999,\"duration_us\":4999000," +
+		"\"p50_us\":310,\"p90_us\":600,\"p99_us\":2400,\"max_us\":9100,\"mean_us\":400,\"cpu_us\":1200000," +
+		"\"codes\":{\"201\":9990,\"0\":6,\"502\":4},\"errors\":[\"Post: timeout\",\"502 Bad Gateway\"]}\n"
+	l, err := parseOpenLine(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Requests != 10000 || l.Rate != 2000.4 || l.P99Us != 2400 || l.CPUUs != 1200000 || l.Codes["201"] != 9990 || len(l.Errors) != 2 {
+		t.Errorf("got %+v", l)
+	}
+	s := openSampleOf(l)
+	want := openSample{rate: 2000.4, throughput: 1990.1, success: 0.999, p50: 0.31, p90: 0.6, p99: 2.4, max: 9.1,
+		requests: 10000, failed: 10, proxyCPUBusyPct: -1, errors: l.Errors}
+	if !reflect.DeepEqual(s, want) {
+		t.Errorf("openSampleOf: got %+v, want %+v", s, want)
+	}
+	for _, bad := range []string{
+		"MEASURE\n",
+		"OPENLOOP {\n",
+		`OPENLOOP {"requests":0,"duration_us":1,"p50_us":1,"p99_us":1,"max_us":1}` + "\n",
+		`OPENLOOP {"requests":5,"duration_us":1,"p50_us":9,"p99_us":1,"max_us":10}` + "\n", // p99 < p50
+		`OPENLOOP {"requests":5,"duration_us":1,"p50_us":1,"p99_us":2,"max_us":3,"success":1.5}` + "\n",
+	} {
+		if _, err := parseOpenLine(bad); err == nil {
+			t.Errorf("parseOpenLine(%q): no error", bad)
+		}
+	}
+}
+
+func TestOpenCapacity(t *testing.T) {
+	rs := []result{
+		{workload: "replay", bare: []sample{{rps: 99999}}},
+		{workload: "unique", bare: []sample{{rps: 9000}, {rps: 7000}, {rps: 8000}}, idem: []sample{{rps: 1}}},
+	}
+	if got := openCapacity(rs); got != 8000 {
+		t.Errorf("got %v, want 8000 (median of bare's unique rounds)", got)
+	}
+	if got := openCapacity(rs[:1]); got != 0 {
+		t.Errorf("without unique: got %v, want 0", got)
+	}
+}
+
+func TestOpenReport(t *testing.T) {
+	cfg, code := parseFlags([]string{"-only", "open"})
+	if code >= 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	smp := func(rate, p50, p99 float64) openSample {
+		return openSample{rate: rate, throughput: rate, success: 1, p50: p50, p90: p50 * 2, p99: p99, max: p99 * 2, cpuUs: 50, proxyCPUBusyPct: 60}
+	}
+	opens := []openResult{
+		{delay: 0, capacity: 8000, rate: 4000,
+			bare: []openSample{smp(4000, 0.30, 1.00), smp(4000, 0.40, 1.40)},
+			idem: []openSample{smp(4000, 0.45, 1.30), smp(4000, 0.55, 1.70)}}, // +0.15 / +0.30: both met
+		{delay: 2 * time.Millisecond, capacity: 6000, capRounds: []float64{6000}, rate: 3000,
+			bare: []openSample{smp(3000, 2.3, 3.0), smp(2000, 2.3, 3.0)}, // round 2: generator behind
+			idem: []openSample{{rate: 3000, throughput: 1500, success: 0.9, p50: 900, p90: 1000, p99: 1200, max: 1300, errors: []string{"timeout"}}, smp(3000, 3.0, 9.0)}},
+	}
+	got := strings.Join(openReport(opens, cfg, "idem"), "\n")
+	for _, want := range []string{
+		"50 % of the bare proxy's median req/s",
+		"0      idem−bare",
+		"open   delay 0    rate 4000 req/s = 50 % of bare's 8000 req/s: idem−bare p50 +0.15 ms, p99 +0.30 ms; issue 14 targets: p50 ≤ bare + 0.2 ms met, p99 ≤ bare + 0.5 ms met",
+		"per round pair p50/p99 ms +0.15/+0.30 +0.15/+0.30",
+		"rate 3000 req/s = 50 % of bare's 6000 req/s (bare-only unique wrk rounds of this phase: 6000)",
+		"p50 ≤ bare + 0.2 ms MISSED, p99 ≤ bare + 0.5 ms MISSED — NOT VALID: in 1 of 4 rounds the generator or the bare proxy did not hold the rate",
+		"NOTE: delay 2ms bare round 2: the generator sent only 2000 req/s of the 3000 asked",
+		"NOTE: delay 2ms idem round 1: answered 1500/s of 3000/s sent, success 0.9000, other processes 0 % of a core: the proxy did not keep up at this rate, so its latency is mostly queueing (errors: timeout)",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Count(got, "NOT VALID") != 1 {
+		t.Errorf("want NOT VALID at delay 2ms only (an idemproxy that does not keep up is a result):\n%s", got)
+	}
+	if openReport(nil, cfg, "idem") != nil {
+		t.Error("no open results: want no section")
+	}
+}
+
+func TestInfoReport(t *testing.T) {
+	cfg, code := parseFlags([]string{"-only", "info", "-rounds", "2"})
+	if code >= 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	s := func(cpu, rps, logBytes float64) sample { return sample{cpuUs: cpu, rps: rps, logBytes: logBytes} }
+	infos := []infoResult{
+		{delay: 0, warn: []sample{s(100, 8000, 0), s(110, 7000, 0)}, info: []sample{s(108, 7600, 310), s(114, 6800, 312)}}, // 111 vs 105: +5.7 %
+		{delay: 2 * time.Millisecond, warn: []sample{s(100, 6000, 0)}, info: []sample{s(111, 5000, 311)}},                  // +11 %
+	}
+	got := strings.Join(infoReport(infos, cfg), "\n")
+	for _, want := range []string{
+		"0      info       7200",
+		"info   delay 0    info vs warn: proxy cpu µs/req 111.0 vs 105.0 = +5.7 % (issue 14 target ≤ +10 %: met); req/s 0.96×",
+		"per round pair cpu/req/s +8.0 %/0.95× +3.6 %/0.97×",
+		"info   delay 2ms  info vs warn: proxy cpu µs/req 111.0 vs 100.0 = +11.0 % (issue 14 target ≤ +10 %: MISSED); req/s 0.83×",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
+	}
+	if !regexp.MustCompile(`0\s+info\s+7200\s+0\.00ms\s+0\.00ms\s+111\.0\s+0\.0\s+311\s+0`).MatchString(got) {
+		t.Errorf("info row at delay 0: want medians req/s 7200, cpu 111.0, log bytes/req 311:\n%s", got)
+	}
+}
+
+func TestOtherBenches(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "idemproxy-bench.t")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A process whose argv[0] looks like another driver's: a copy of sleep.
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep")
+	}
+	data, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "bench")
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	want := fmt.Sprintf("pid %d: %s", cmd.Process.Pid, bin)
+	if got := otherBenches("/tmp/idemproxy-bench.elsewhere"); !slices.Contains(got, want) {
+		t.Errorf("another driver's workdir: got %q, want it to hold %q", got, want)
+	}
+	if got := otherBenches(dir); slices.Contains(got, want) {
+		t.Errorf("our own workdir: got %q, want %q left out", got, want)
 	}
 }
