@@ -145,3 +145,36 @@ func TestReview12bListNonUTF8Prefix(t *testing.T) {
 		}
 	}
 }
+
+// TestReview12bListOnlyWhatGetAndPurgeReach: parseRecordKey accepts
+// upper-case hex (ParseKeyHash takes either case), so a key such as
+// t:{ABCD…} — never written by a proxy (RecordKey writes lower case), but
+// present in a shared Redis — is listed under a key_hash whose get says
+// "no record" and whose purge deletes nothing: the operator cannot act on
+// a line keys list printed.
+func TestReview12bListOnlyWhatGetAndPurgeReach(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	k := claim.NewKey(nil, "upper")
+	upper := "t:{" + strings.ToUpper(k.String()) + "}"
+	if err := rdb.HSet(ctx, upper, "st", "u", "fp", "x", "rec", "504").Err(); err != nil {
+		t.Fatal(err)
+	}
+	in := claim.NewInspector(rdb, "t:")
+	var listed []claim.Key
+	if err := in.List(ctx, 100, func(e *claim.Entry, lk claim.Key, err error) bool {
+		listed = append(listed, lk)
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, lk := range listed {
+		if _, err := in.Get(ctx, lk); err != nil {
+			t.Errorf("List printed key_hash %s, but Get says: %v", lk, err)
+		}
+		if ok, err := in.Purge(ctx, lk); !ok || err != nil {
+			t.Errorf("List printed key_hash %s, but Purge deletes nothing (%v, %v); %s stays", lk, ok, err, upper)
+		}
+	}
+}
