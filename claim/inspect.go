@@ -213,7 +213,14 @@ func (in *Inspector) parseRecordKey(name string) (Key, bool) {
 	if !ok || len(rest) != 2*len(Key{})+1 || rest[len(rest)-1] != '}' {
 		return Key{}, false
 	}
-	k, err := ParseKeyHash(rest[:len(rest)-1])
+	h := rest[:len(rest)-1]
+	if strings.ToLower(h) != h {
+		// Never written by a proxy (recordKey writes lower case), and a
+		// key_hash printed for it would reach nothing: get and purge look
+		// up the lower-case name.
+		return Key{}, false
+	}
+	k, err := ParseKeyHash(h)
 	return k, err == nil
 }
 
@@ -332,13 +339,14 @@ func recordStatus(head []byte) (int, error) {
 }
 
 // globEscape quotes the characters SCAN's MATCH pattern gives a meaning.
+// Byte by byte: KEY_PREFIX need not be UTF-8, and Redis matches bytes.
 func globEscape(s string) string {
 	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
+	for i := 0; i < len(s); i++ {
+		if strings.IndexByte(`*?[]\`, s[i]) >= 0 {
 			b.WriteByte('\\')
 		}
-		b.WriteRune(r)
+		b.WriteByte(s[i])
 	}
 	return b.String()
 }
