@@ -244,14 +244,23 @@ func (kc *keysCmd) keyHash(pos []string) (claim.Key, error) {
 	return k, nil
 }
 
-// scopeFlag collects --scope NAME=VALUE.
-type scopeFlag struct{ pairs [][2]string }
+// scopeFlag collects --scope NAME=VALUE. A malformed one is not refused by
+// Set, whose error the flag package prints with the value (a credential,
+// likely): it is kept in err, which names no value, and reported after
+// parsing.
+type scopeFlag struct {
+	pairs [][2]string
+	err   error
+}
 
 func (s *scopeFlag) String() string { return "" }
 func (s *scopeFlag) Set(v string) error {
 	name, val, ok := strings.Cut(v, "=")
 	if !ok || name == "" {
-		return fmt.Errorf("want NAME=VALUE, got %q", v)
+		if s.err == nil {
+			s.err = fmt.Errorf("--scope #%d: want NAME=VALUE (a scope header's name, \"=\", its value), got %d characters without a name", len(s.pairs)+1, len(v))
+		}
+		return nil
 	}
 	s.pairs = append(s.pairs, [2]string{name, val})
 	return nil
@@ -271,6 +280,9 @@ func (kc *keysCmd) hashFlags() func(context.Context, []string) error {
 		return nil
 	})
 	return func(_ context.Context, parts []string) error {
+		if scope.err != nil {
+			return kc.badUsage(scope.err)
+		}
 		cfg, err := kc.config()
 		if err != nil {
 			return err
@@ -433,7 +445,7 @@ func (kc *keysCmd) listFlags() func(context.Context, []string) error {
 			return kc.badUsage(fmt.Errorf("--limit=%d: want 1 to 100000", *limit))
 		}
 		if len(pos) > 0 {
-			return kc.badUsage(fmt.Errorf("unexpected argument %q", pos[0]))
+			return kc.badUsage(fmt.Errorf("%d unexpected arguments (list takes none)", len(pos)))
 		}
 		in, closeRedis, err := kc.inspector()
 		if err != nil {

@@ -70,14 +70,16 @@ func NewInspector(rdb redis.UniversalClient, prefix string) *Inspector {
 }
 
 // ParseKeyHash parses the 64 hex digits of a key hash (as Key.String and
-// the access log's key_hash write it; either case).
+// the access log's key_hash write it; either case). Its error never quotes
+// s: what an operator passes by mistake is likely the idempotency key
+// itself, which must not end up in a terminal log.
 func ParseKeyHash(s string) (Key, error) {
 	var k Key
 	if len(s) != 2*len(k) {
-		return k, fmt.Errorf("key hash %q: want the 64 hex digits of key_hash, got %d characters", s, len(s))
+		return k, fmt.Errorf("key hash: want the 64 hex digits of key_hash, got %d characters (the key itself? keys hash prints its key_hash)", len(s))
 	}
 	if _, err := hex.Decode(k[:], []byte(s)); err != nil {
-		return k, fmt.Errorf("key hash %q: not hexadecimal", s)
+		return k, fmt.Errorf("key hash: not hexadecimal (%d characters; want the 64 hex digits of key_hash)", len(s))
 	}
 	return k, nil
 }
