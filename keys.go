@@ -5,6 +5,7 @@ package main
 // UPSTREAM_URL excepted, and talk to Redis directly.
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"encoding/json"
@@ -14,6 +15,7 @@ import (
 	"io"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
@@ -391,10 +393,44 @@ func jsonTime(t time.Time) string {
 	return t.UTC().Format("2006-01-02T15:04:05.000Z07:00")
 }
 
+// writeJSON writes v as one line of JSON. Header values come from the
+// upstream and go to an operator's terminal: encoding/json escapes the C0
+// controls but not DEL nor the C1 controls (U+0080-U+009F: CSI, OSC...),
+// which some terminals execute; those are escaped too (\u009b), which any
+// JSON reader decodes to the same string.
 func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := w.Write(escapeControls(buf.Bytes()))
+	return err
+}
+
+// escapeControls rewrites U+007F-U+009F in encoding/json's output (valid
+// UTF-8, where they can only be inside strings) as \u00XX escapes.
+func escapeControls(b []byte) []byte {
+	const hexDigits = "0123456789abcdef"
+	var out []byte
+	last := 0
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r >= 0x7f && r <= 0x9f {
+			if out == nil {
+				out = make([]byte, 0, len(b)+16)
+			}
+			out = append(out, b[last:i]...)
+			out = append(out, '\\', 'u', '0', '0', hexDigits[r>>4], hexDigits[r&0xf])
+			last = i + n
+		}
+		i += n
+	}
+	if out == nil {
+		return b
+	}
+	return append(out, b[last:]...)
 }
 
 func (kc *keysCmd) getFlags() func(context.Context, []string) error {
