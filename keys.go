@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -276,7 +277,9 @@ func (kc *keysCmd) hashFlags() func(context.Context, []string) error {
 	kc.fs.Func("route-scope", "H1,H2: the route's scope= header names, instead of SCOPE_HEADERS", func(v string) error {
 		names := []string{}
 		if v != "" {
-			names = strings.Split(v, ",")
+			for n := range strings.SplitSeq(v, ",") {
+				names = append(names, strings.TrimSpace(n))
+			}
 		}
 		routeScope = &names
 		return nil
@@ -293,21 +296,29 @@ func (kc *keysCmd) hashFlags() func(context.Context, []string) error {
 		if routeScope != nil {
 			names = *routeScope
 		}
-		values := make([]string, len(names))
+		// The --scope pairs become the request's header, in order, and the
+		// proxy's own code reads the values out of it: a repeated header
+		// (an empty value included) and a name listed twice come out as in
+		// the access log.
+		header, host, hostSet := http.Header{}, "", false
 		for _, p := range scope.pairs {
-			i := indexFold(names, p[0])
-			if i < 0 {
+			if indexFold(names, p[0]) < 0 {
 				from := fmt.Sprintf("SCOPE_HEADERS=%q", strings.Join(names, ","))
 				if routeScope != nil {
 					from = fmt.Sprintf("--route-scope=%q", strings.Join(names, ","))
 				}
 				return kc.badUsage(fmt.Errorf("--scope %s: not a scope header (%s)", p[0], from))
 			}
-			if values[i] != "" {
-				values[i] += "\n" // a header sent twice: the proxy joins its values
+			if strings.EqualFold(p[0], "Host") {
+				if hostSet {
+					return kc.badUsage(errors.New("--scope Host: given twice; a request has one Host"))
+				}
+				host, hostSet = p[1], true
+				continue
 			}
-			values[i] += p[1]
+			header.Add(p[0], p[1])
 		}
+		values := proxy.ScopeValues(header, host, names, nil)
 		var key string
 		if *source == "" {
 			if len(parts) != 1 {
