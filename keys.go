@@ -219,7 +219,7 @@ func (kc *keysCmd) inspector() (*claim.Inspector, func(), error) {
 	}
 	// go-redis's own complaints (a pool that cannot dial) would repeat the
 	// error this command reports; only worse ones get through.
-	st, err := openRedis(cfg, zerolog.New(kc.stderr).Level(zerolog.ErrorLevel))
+	st, err := openRedisBounded(cfg, zerolog.New(kc.stderr).Level(zerolog.ErrorLevel), kc.timeout)
 	if err != nil {
 		return nil, nil, err
 	}
