@@ -556,6 +556,13 @@ func (kc *keysCmd) purgeFlags() func(context.Context, []string) error {
 	}
 }
 
+// purgeWatchStopWait bounds how long closing the store waits for the purge
+// watch to stop. A healthy one stops at once; one whose Redis stalls is
+// stuck in go-redis's redial and handshake (the PubSub's lock is held for a
+// dial and read timeout, 5 s and more each time), and waiting for it would
+// hold shutdown past SHUTDOWN_TIMEOUT. It is then left to end by itself.
+const purgeWatchStopWait = time.Second
+
 // watchPurges runs s.WatchPurges on rdb until the returned close function
 // is called, which then closes the store with closeStore. So `idemproxy
 // keys purge` reaches this replica's replay cache.
@@ -568,7 +575,12 @@ func watchPurges(s *claim.Store, rdb redis.UniversalClient, closeStore func()) f
 	}()
 	return func() {
 		cancel()
-		<-done
+		t := time.NewTimer(purgeWatchStopWait)
+		defer t.Stop()
+		select {
+		case <-done:
+		case <-t.C: // stalled: go on closing; the watch ends when go-redis gives up
+		}
 		closeStore()
 	}
 }
