@@ -7,14 +7,17 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -546,6 +549,9 @@ func (kc *keysCmd) purgeFlags() func(context.Context, []string) error {
 			}
 			return kc.redisFailed(err)
 		}
+		if kc.cfg.RedisMode == "sentinel" {
+			kc.announceOnEveryNode(ctx, k)
+		}
 		if !purged {
 			fmt.Fprintf(kc.stderr, "idemproxy keys purge: nothing was there for key_hash %s (KEY_PREFIX=%q); the replicas were told to forget it all the same\n", k, kc.cfg.KeyPrefix)
 		}
@@ -562,6 +568,80 @@ func (kc *keysCmd) purgeFlags() func(context.Context, []string) error {
 // dial and read timeout, 5 s and more each time), and waiting for it would
 // hold shutdown past SHUTDOWN_TIMEOUT. It is then left to end by itself.
 const purgeWatchStopWait = time.Second
+
+// announceOnEveryNode publishes the purge of k, already announced on the
+// master, on every data node the sentinels name as the master or one of its
+// replicas, the failed master included. A proxy's purge subscription stays
+// on the node it was opened on: after a failover, on the old master, until
+// Sentinel reconfigures it (seconds) or the connection drops (go-redis moves
+// its command connections to the new master, not its Pub/Sub ones). A
+// PUBLISH on that node reaches it at once. A replica also hears the master's
+// PUBLISH through replication: a proxy may hear a purge twice, which is
+// harmless. Best effort: a node that cannot be reached is noted on stderr
+// (a proxy subscribed there has lost its connection, and drops its whole
+// replay cache when it subscribes again).
+func (kc *keysCmd) announceOnEveryNode(ctx context.Context, k claim.Key) {
+	cfg := kc.cfg
+	var tlsConfig *tls.Config
+	if cfg.RedisTLS {
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	client := func(addr, user, password string) *redis.Client {
+		return redis.NewClient(&redis.Options{
+			Addr: addr, Username: user, Password: password, TLSConfig: tlsConfig,
+			MaxRetries: -1, DialerRetries: dialerRetries,
+			ContextTimeoutEnabled: true, DialTimeout: kc.timeout, ReadTimeout: kc.timeout, WriteTimeout: kc.timeout,
+		})
+	}
+	var (
+		mu    sync.Mutex
+		nodes = map[string]bool{}
+		wg    sync.WaitGroup
+	)
+	asked := 0
+	for _, addr := range cfg.RedisAddrs {
+		wg.Go(func() {
+			sc := redis.NewSentinelClient(&redis.Options{
+				Addr: addr, Username: cfg.RedisSentinelUsername, Password: cfg.RedisSentinelPassword, TLSConfig: tlsConfig,
+				MaxRetries: -1, DialerRetries: dialerRetries,
+				ContextTimeoutEnabled: true, DialTimeout: kc.timeout, ReadTimeout: kc.timeout, WriteTimeout: kc.timeout,
+			})
+			defer sc.Close()
+			master, merr := sc.GetMasterAddrByName(ctx, cfg.RedisMasterName).Result()
+			replicas, rerr := sc.Replicas(ctx, cfg.RedisMasterName).Result()
+			mu.Lock()
+			defer mu.Unlock()
+			if merr == nil && len(master) == 2 {
+				nodes[net.JoinHostPort(master[0], master[1])] = true
+			}
+			for _, r := range replicas {
+				if r["ip"] != "" && r["port"] != "" {
+					nodes[net.JoinHostPort(r["ip"], r["port"])] = true
+				}
+			}
+			if merr == nil || rerr == nil {
+				asked++
+			}
+		})
+	}
+	wg.Wait()
+	if asked == 0 {
+		fmt.Fprintf(kc.stderr, "idemproxy keys purge: no sentinel of REDIS_ADDRS=%q answered; the purge was announced on the master only\n", strings.Join(cfg.RedisAddrs, ","))
+		return
+	}
+	for addr := range nodes {
+		wg.Go(func() {
+			c := client(addr, cfg.RedisUsername, cfg.RedisPassword)
+			defer c.Close()
+			if err := c.Publish(ctx, claim.PurgeChannel(cfg.KeyPrefix), k.String()).Err(); err != nil {
+				mu.Lock()
+				defer mu.Unlock()
+				fmt.Fprintf(kc.stderr, "idemproxy keys purge: could not announce it on %s too (%v); a proxy subscribed there drops its replay cache when it subscribes again\n", addr, err)
+			}
+		})
+	}
+	wg.Wait()
+}
 
 // watchPurges runs s.WatchPurges on rdb until the returned close function
 // is called, which then closes the store with closeStore. So `idemproxy
