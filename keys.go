@@ -5,15 +5,21 @@ package main
 // UPSTREAM_URL excepted, and talk to Redis directly.
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"strings"
+	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
@@ -216,7 +222,7 @@ func (kc *keysCmd) inspector() (*claim.Inspector, func(), error) {
 	}
 	// go-redis's own complaints (a pool that cannot dial) would repeat the
 	// error this command reports; only worse ones get through.
-	st, err := openRedis(cfg, zerolog.New(kc.stderr).Level(zerolog.ErrorLevel))
+	st, err := openRedisBounded(cfg, zerolog.New(kc.stderr).Level(zerolog.ErrorLevel), kc.timeout)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -244,14 +250,23 @@ func (kc *keysCmd) keyHash(pos []string) (claim.Key, error) {
 	return k, nil
 }
 
-// scopeFlag collects --scope NAME=VALUE.
-type scopeFlag struct{ pairs [][2]string }
+// scopeFlag collects --scope NAME=VALUE. A malformed one is not refused by
+// Set, whose error the flag package prints with the value (a credential,
+// likely): it is kept in err, which names no value, and reported after
+// parsing.
+type scopeFlag struct {
+	pairs [][2]string
+	err   error
+}
 
 func (s *scopeFlag) String() string { return "" }
 func (s *scopeFlag) Set(v string) error {
 	name, val, ok := strings.Cut(v, "=")
 	if !ok || name == "" {
-		return fmt.Errorf("want NAME=VALUE, got %q", v)
+		if s.err == nil {
+			s.err = fmt.Errorf("--scope #%d: want NAME=VALUE (a scope header's name, \"=\", its value), got %d characters without a name", len(s.pairs)+1, len(v))
+		}
+		return nil
 	}
 	s.pairs = append(s.pairs, [2]string{name, val})
 	return nil
@@ -265,12 +280,17 @@ func (kc *keysCmd) hashFlags() func(context.Context, []string) error {
 	kc.fs.Func("route-scope", "H1,H2: the route's scope= header names, instead of SCOPE_HEADERS", func(v string) error {
 		names := []string{}
 		if v != "" {
-			names = strings.Split(v, ",")
+			for n := range strings.SplitSeq(v, ",") {
+				names = append(names, strings.TrimSpace(n))
+			}
 		}
 		routeScope = &names
 		return nil
 	})
 	return func(_ context.Context, parts []string) error {
+		if scope.err != nil {
+			return kc.badUsage(scope.err)
+		}
 		cfg, err := kc.config()
 		if err != nil {
 			return err
@@ -279,21 +299,29 @@ func (kc *keysCmd) hashFlags() func(context.Context, []string) error {
 		if routeScope != nil {
 			names = *routeScope
 		}
-		values := make([]string, len(names))
+		// The --scope pairs become the request's header, in order, and the
+		// proxy's own code reads the values out of it: a repeated header
+		// (an empty value included) and a name listed twice come out as in
+		// the access log.
+		header, host, hostSet := http.Header{}, "", false
 		for _, p := range scope.pairs {
-			i := indexFold(names, p[0])
-			if i < 0 {
+			if indexFold(names, p[0]) < 0 {
 				from := fmt.Sprintf("SCOPE_HEADERS=%q", strings.Join(names, ","))
 				if routeScope != nil {
 					from = fmt.Sprintf("--route-scope=%q", strings.Join(names, ","))
 				}
 				return kc.badUsage(fmt.Errorf("--scope %s: not a scope header (%s)", p[0], from))
 			}
-			if values[i] != "" {
-				values[i] += "\n" // a header sent twice: the proxy joins its values
+			if strings.EqualFold(p[0], "Host") {
+				if hostSet {
+					return kc.badUsage(errors.New("--scope Host: given twice; a request has one Host"))
+				}
+				host, hostSet = p[1], true
+				continue
 			}
-			values[i] += p[1]
+			header.Add(p[0], p[1])
 		}
+		values := proxy.ScopeValues(header, host, names, nil)
 		var key string
 		if *source == "" {
 			if len(parts) != 1 {
@@ -379,10 +407,44 @@ func jsonTime(t time.Time) string {
 	return t.UTC().Format("2006-01-02T15:04:05.000Z07:00")
 }
 
+// writeJSON writes v as one line of JSON. Header values come from the
+// upstream and go to an operator's terminal: encoding/json escapes the C0
+// controls but not DEL nor the C1 controls (U+0080-U+009F: CSI, OSC...),
+// which some terminals execute; those are escaped too (\u009b), which any
+// JSON reader decodes to the same string.
 func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := w.Write(escapeControls(buf.Bytes()))
+	return err
+}
+
+// escapeControls rewrites U+007F-U+009F in encoding/json's output (valid
+// UTF-8, where they can only be inside strings) as \u00XX escapes.
+func escapeControls(b []byte) []byte {
+	const hexDigits = "0123456789abcdef"
+	var out []byte
+	last := 0
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r >= 0x7f && r <= 0x9f {
+			if out == nil {
+				out = make([]byte, 0, len(b)+16)
+			}
+			out = append(out, b[last:i]...)
+			out = append(out, '\\', 'u', '0', '0', hexDigits[r>>4], hexDigits[r&0xf])
+			last = i + n
+		}
+		i += n
+	}
+	if out == nil {
+		return b
+	}
+	return append(out, b[last:]...)
 }
 
 func (kc *keysCmd) getFlags() func(context.Context, []string) error {
@@ -433,7 +495,7 @@ func (kc *keysCmd) listFlags() func(context.Context, []string) error {
 			return kc.badUsage(fmt.Errorf("--limit=%d: want 1 to 100000", *limit))
 		}
 		if len(pos) > 0 {
-			return kc.badUsage(fmt.Errorf("unexpected argument %q", pos[0]))
+			return kc.badUsage(fmt.Errorf("%d unexpected arguments (list takes none)", len(pos)))
 		}
 		in, closeRedis, err := kc.inspector()
 		if err != nil {
@@ -487,6 +549,9 @@ func (kc *keysCmd) purgeFlags() func(context.Context, []string) error {
 			}
 			return kc.redisFailed(err)
 		}
+		if kc.cfg.RedisMode == "sentinel" {
+			kc.announceOnEveryNode(ctx, k)
+		}
 		if !purged {
 			fmt.Fprintf(kc.stderr, "idemproxy keys purge: nothing was there for key_hash %s (KEY_PREFIX=%q); the replicas were told to forget it all the same\n", k, kc.cfg.KeyPrefix)
 		}
@@ -495,6 +560,87 @@ func (kc *keysCmd) purgeFlags() func(context.Context, []string) error {
 			Purged  bool   `json:"purged"`
 		}{k.String(), purged})
 	}
+}
+
+// purgeWatchStopWait bounds how long closing the store waits for the purge
+// watch to stop. A healthy one stops at once; one whose Redis stalls is
+// stuck in go-redis's redial and handshake (the PubSub's lock is held for a
+// dial and read timeout, 5 s and more each time), and waiting for it would
+// hold shutdown past SHUTDOWN_TIMEOUT. It is then left to end by itself.
+const purgeWatchStopWait = time.Second
+
+// announceOnEveryNode publishes the purge of k, already announced on the
+// master, on every data node the sentinels name as the master or one of its
+// replicas, the failed master included. A proxy's purge subscription stays
+// on the node it was opened on: after a failover, on the old master, until
+// Sentinel reconfigures it (seconds) or the connection drops (go-redis moves
+// its command connections to the new master, not its Pub/Sub ones). A
+// PUBLISH on that node reaches it at once. A replica also hears the master's
+// PUBLISH through replication: a proxy may hear a purge twice, which is
+// harmless. Best effort: a node that cannot be reached is noted on stderr
+// (a proxy subscribed there has lost its connection, and drops its whole
+// replay cache when it subscribes again).
+func (kc *keysCmd) announceOnEveryNode(ctx context.Context, k claim.Key) {
+	cfg := kc.cfg
+	var tlsConfig *tls.Config
+	if cfg.RedisTLS {
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	client := func(addr, user, password string) *redis.Client {
+		return redis.NewClient(&redis.Options{
+			Addr: addr, Username: user, Password: password, TLSConfig: tlsConfig,
+			MaxRetries: -1, DialerRetries: dialerRetries,
+			ContextTimeoutEnabled: true, DialTimeout: kc.timeout, ReadTimeout: kc.timeout, WriteTimeout: kc.timeout,
+		})
+	}
+	var (
+		mu    sync.Mutex
+		nodes = map[string]bool{}
+		wg    sync.WaitGroup
+	)
+	asked := 0
+	for _, addr := range cfg.RedisAddrs {
+		wg.Go(func() {
+			sc := redis.NewSentinelClient(&redis.Options{
+				Addr: addr, Username: cfg.RedisSentinelUsername, Password: cfg.RedisSentinelPassword, TLSConfig: tlsConfig,
+				MaxRetries: -1, DialerRetries: dialerRetries,
+				ContextTimeoutEnabled: true, DialTimeout: kc.timeout, ReadTimeout: kc.timeout, WriteTimeout: kc.timeout,
+			})
+			defer sc.Close()
+			master, merr := sc.GetMasterAddrByName(ctx, cfg.RedisMasterName).Result()
+			replicas, rerr := sc.Replicas(ctx, cfg.RedisMasterName).Result()
+			mu.Lock()
+			defer mu.Unlock()
+			if merr == nil && len(master) == 2 {
+				nodes[net.JoinHostPort(master[0], master[1])] = true
+			}
+			for _, r := range replicas {
+				if r["ip"] != "" && r["port"] != "" {
+					nodes[net.JoinHostPort(r["ip"], r["port"])] = true
+				}
+			}
+			if merr == nil || rerr == nil {
+				asked++
+			}
+		})
+	}
+	wg.Wait()
+	if asked == 0 {
+		fmt.Fprintf(kc.stderr, "idemproxy keys purge: no sentinel of REDIS_ADDRS=%q answered; the purge was announced on the master only\n", strings.Join(cfg.RedisAddrs, ","))
+		return
+	}
+	for addr := range nodes {
+		wg.Go(func() {
+			c := client(addr, cfg.RedisUsername, cfg.RedisPassword)
+			defer c.Close()
+			if err := c.Publish(ctx, claim.PurgeChannel(cfg.KeyPrefix), k.String()).Err(); err != nil {
+				mu.Lock()
+				defer mu.Unlock()
+				fmt.Fprintf(kc.stderr, "idemproxy keys purge: could not announce it on %s too (%v); a proxy subscribed there drops its replay cache when it subscribes again\n", addr, err)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // watchPurges runs s.WatchPurges on rdb until the returned close function
@@ -509,7 +655,12 @@ func watchPurges(s *claim.Store, rdb redis.UniversalClient, closeStore func()) f
 	}()
 	return func() {
 		cancel()
-		<-done
+		t := time.NewTimer(purgeWatchStopWait)
+		defer t.Stop()
+		select {
+		case <-done:
+		case <-t.C: // stalled: go on closing; the watch ends when go-redis gives up
+		}
 		closeStore()
 	}
 }

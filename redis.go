@@ -49,8 +49,29 @@ type store struct {
 // It does not wait for Redis to answer: an unreachable Redis is reported by
 // /readyz and handled per FAIL_MODE, not by refusing to start.
 func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
+	return openRedisBounded(cfg, logger, 0)
+}
+
+// openRedisBounded is openRedis for a command that must end within limit
+// (idemproxy keys --timeout), whatever Redis does: the clients honour the
+// context's deadline on the socket (ContextTimeoutEnabled), and no dial,
+// read or write waits longer than limit, the handshake's included (it
+// does not always get the caller's context). limit <= 0: the proxy's own
+// settings.
+func openRedisBounded(cfg *Config, logger zerolog.Logger, limit time.Duration) (*store, error) {
 	redis.SetLogger(redisLogger{logger}) // go-redis's own lines as JSON, not plain text on stderr
 	readTimeout := cfg.waitReadTimeout()
+	bound := func(ctxTimeout *bool, timeouts ...*time.Duration) {
+		if limit <= 0 {
+			return
+		}
+		*ctxTimeout = true
+		for _, t := range timeouts {
+			if *t <= 0 || *t > limit { // 0: go-redis's default (seconds); negative: none
+				*t = limit
+			}
+		}
+	}
 	switch {
 	case cfg.RedisMode == "sentinel" || cfg.RedisMode == "cluster":
 		// One set of options for both modes, the way go-redis's own
@@ -68,6 +89,7 @@ func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
 			DialerRetries:    dialerRetries,
 			ReadTimeout:      readTimeout,
 		}
+		bound(&u.ContextTimeoutEnabled, &u.DialTimeout, &u.ReadTimeout, &u.WriteTimeout)
 		if cfg.RedisTLS {
 			u.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 		}
@@ -100,6 +122,7 @@ func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
 		if opt.ReadTimeout == 0 {
 			opt.ReadTimeout = readTimeout
 		}
+		bound(&opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout)
 		c := redis.NewClient(opt)
 		return &store{client: c, close: func() { _ = c.Close() }}, nil
 	}

@@ -18,6 +18,10 @@ type replayCache struct {
 	queue []queued // insertion order, for eviction; may hold entries already gone
 	head  int
 	stale int // queue slots whose entry was removed
+	// gen counts evictions and clears (purges). A put whose Redis read
+	// began before one (an older generation) is dropped: its record may
+	// be the purged one, read just before the purge and cached after it.
+	gen uint64
 }
 
 type queued struct {
@@ -51,9 +55,19 @@ func (c *replayCache) get(k Key) (Fingerprint, *Record, bool) {
 	return e.fp, e.rec, true
 }
 
+// generation returns the current generation, to be passed to put by a
+// caller that is about to read a record from Redis.
+func (c *replayCache) generation() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gen
+}
+
 // put caches rec, decoded from an encoding of encodedLen bytes (which its
 // body still refers to), until expires (when Redis drops it) or maxAge.
-func (c *replayCache) put(k Key, fp Fingerprint, rec *Record, encodedLen int, expires time.Time) {
+// gen is the generation read before rec was read from Redis: if a purge
+// (evict or clear) came since, rec is not cached.
+func (c *replayCache) put(k Key, fp Fingerprint, rec *Record, encodedLen int, expires time.Time, gen uint64) {
 	size := recordSize(rec, encodedLen)
 	if size > c.maxBytes/8 { // one large answer must not flush everything else
 		return
@@ -64,6 +78,9 @@ func (c *replayCache) put(k Key, fp Fingerprint, rec *Record, encodedLen int, ex
 	e := &cacheEntry{fp: fp, rec: rec, expires: expires, size: size}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if gen != c.gen {
+		return // a purge since the read: rec may be what it deleted
+	}
 	if old, ok := c.m[k]; ok {
 		c.remove(k, old)
 	}
@@ -119,6 +136,7 @@ func recordSize(r *Record, encodedLen int) int {
 func (c *replayCache) evict(k Key) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.gen++
 	if e, ok := c.m[k]; ok {
 		c.remove(k, e)
 	}
@@ -128,6 +146,7 @@ func (c *replayCache) evict(k Key) {
 func (c *replayCache) clear() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.gen++
 	for k, e := range c.m {
 		c.remove(k, e)
 	}

@@ -28,7 +28,7 @@ func TestReplayCacheQueueDoesNotLeak(t *testing.T) {
 	for range rounds {
 		for _, k := range keys {
 			if _, _, ok := c.get(k); !ok { // expired: removed, then re-put from Redis
-				c.put(k, fp, &Record{Status: 200, Body: make([]byte, 10<<10)}, 0, time.Now().Add(time.Hour))
+				c.put(k, fp, &Record{Status: 200, Body: make([]byte, 10<<10)}, 0, time.Now().Add(time.Hour), c.generation())
 			}
 		}
 		time.Sleep(2 * time.Millisecond) // let every entry pass maxAge

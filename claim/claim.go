@@ -276,6 +276,10 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, terms Term
 		return nil, nil, err
 	}
 	keys := s.keys(key)
+	var gen uint64 // a purge from now on keeps this read's replay out of the cache
+	if s.cache != nil {
+		gen = s.cache.generation()
+	}
 	start := time.Now()
 	hold := ""
 	if terms.Hold {
@@ -321,7 +325,7 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, terms Term
 			if pttl, perr := strconv.ParseInt(args[1], 10, 64); perr == nil && pttl > 0 {
 				// Redis measured the remaining TTL after we sent the claim:
 				// counting from the send keeps the entry inside it.
-				s.cache.put(key, fp, rec, len(args[0]), start.Add(time.Duration(pttl)*time.Millisecond))
+				s.cache.put(key, fp, rec, len(args[0]), start.Add(time.Duration(pttl)*time.Millisecond), gen)
 			}
 		}
 		return nil, rec, nil

@@ -70,14 +70,16 @@ func NewInspector(rdb redis.UniversalClient, prefix string) *Inspector {
 }
 
 // ParseKeyHash parses the 64 hex digits of a key hash (as Key.String and
-// the access log's key_hash write it; either case).
+// the access log's key_hash write it; either case). Its error never quotes
+// s: what an operator passes by mistake is likely the idempotency key
+// itself, which must not end up in a terminal log.
 func ParseKeyHash(s string) (Key, error) {
 	var k Key
 	if len(s) != 2*len(k) {
-		return k, fmt.Errorf("key hash %q: want the 64 hex digits of key_hash, got %d characters", s, len(s))
+		return k, fmt.Errorf("key hash: want the 64 hex digits of key_hash, got %d characters (the key itself? keys hash prints its key_hash)", len(s))
 	}
 	if _, err := hex.Decode(k[:], []byte(s)); err != nil {
-		return k, fmt.Errorf("key hash %q: not hexadecimal", s)
+		return k, fmt.Errorf("key hash: not hexadecimal (%d characters; want the 64 hex digits of key_hash)", len(s))
 	}
 	return k, nil
 }
@@ -213,7 +215,14 @@ func (in *Inspector) parseRecordKey(name string) (Key, bool) {
 	if !ok || len(rest) != 2*len(Key{})+1 || rest[len(rest)-1] != '}' {
 		return Key{}, false
 	}
-	k, err := ParseKeyHash(rest[:len(rest)-1])
+	h := rest[:len(rest)-1]
+	if strings.ToLower(h) != h {
+		// Never written by a proxy (recordKey writes lower case), and a
+		// key_hash printed for it would reach nothing: get and purge look
+		// up the lower-case name.
+		return Key{}, false
+	}
+	k, err := ParseKeyHash(h)
 	return k, err == nil
 }
 
@@ -332,13 +341,14 @@ func recordStatus(head []byte) (int, error) {
 }
 
 // globEscape quotes the characters SCAN's MATCH pattern gives a meaning.
+// Byte by byte: KEY_PREFIX need not be UTF-8, and Redis matches bytes.
 func globEscape(s string) string {
 	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
+	for i := 0; i < len(s); i++ {
+		if strings.IndexByte(`*?[]\`, s[i]) >= 0 {
 			b.WriteByte('\\')
 		}
-		b.WriteRune(r)
+		b.WriteByte(s[i])
 	}
 	return b.String()
 }

@@ -30,7 +30,10 @@ func (s *Store) WatchPurges(ctx context.Context, sub Subscriber) error {
 		return nil
 	}
 	ps := sub.Subscribe(ctx, PurgeChannel(s.prefix))
-	defer ps.Close()
+	// Closed in the background: while go-redis redials a stalled Redis it
+	// holds the PubSub's lock for a dial and read timeout (seconds), and
+	// Close waits for it; the caller (shutdown) must not.
+	defer func() { go ps.Close() }()
 	ch := ps.ChannelWithSubscriptions()
 	for {
 		select {

@@ -482,28 +482,9 @@ func (h *Handler) acquire(ctx context.Context, k claim.Key, fp claim.Fingerprint
 // replayedTrue is shared by every replay; nothing appends to it.
 var replayedTrue = []string{"true"}[:1:1]
 
-// scopeValues returns the scope headers' values (SCOPE_HEADERS, or the
-// route's scope=), one entry per header (all its
-// values joined), "" for an absent header.
+// scopeValues returns the scope headers' values of r (see ScopeValues).
 func scopeValues(r *http.Request, names, buf []string) []string {
-	vals := buf[:0]
-	for range names {
-		vals = append(vals, "")
-	}
-	for i, name := range names {
-		if strings.EqualFold(name, "Host") { // net/http moves it out of the header map
-			vals[i] = r.Host
-			continue
-		}
-		switch vv := r.Header.Values(name); len(vv) {
-		case 0:
-		case 1:
-			vals[i] = vv[0]
-		default:
-			vals[i] = strings.Join(vv, "\n")
-		}
-	}
-	return vals
+	return ScopeValues(r.Header, r.Host, names, buf)
 }
 
 // replay writes a recorded answer (under the write deadline ServeHTTP set:
