@@ -363,11 +363,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if rec != nil {
 		res.replayOf = rec.Trace
 	}
-	var unknown *claim.UnknownError
-	if errors.As(err, &unknown) && unknown.Entered {
-		h.metrics.unknownOutcomes.WithLabelValues(causeLockExpired).Inc()
-		hlog.FromRequest(r).Warn().Str("key_hash", res.keyHash).
-			Msg("in-flight claim's lock expired without an answer (its proxy stopped, or lost Redis); key held as unknown (ON_UNKNOWN=hold) until an operator purges it")
+	if err != nil {
+		h.noteUnknown(r, err, &res)
 	}
 	switch {
 	case err == nil && rec != nil && pol.Observe:
@@ -425,6 +422,18 @@ func (h *Handler) finish(r *http.Request, res *result, start time.Time) {
 	}
 	ev.Float64("total_ms", float64(time.Since(start).Microseconds())/1000).Msg("request")
 	res.arm() // for the final flush, after the handler returns
+}
+
+// noteUnknown counts a key that this request found with its lock expired
+// and held as unknown. (A function of its own: the variable errors.As
+// fills escapes, and must not cost an allocation on every request.)
+func (h *Handler) noteUnknown(r *http.Request, err error, res *result) {
+	var unknown *claim.UnknownError
+	if errors.As(err, &unknown) && unknown.Entered {
+		h.metrics.unknownOutcomes.WithLabelValues(causeLockExpired).Inc()
+		hlog.FromRequest(r).Warn().Str("key_hash", res.keyHash).
+			Msg("in-flight claim's lock expired without an answer (its proxy stopped, or lost Redis); key held as unknown (ON_UNKNOWN=hold) until an operator purges it")
+	}
 }
 
 // refuse answers a request the proxy does not execute under its key: with
