@@ -144,3 +144,18 @@ func TestReview13UncheckedOTELVariablesRefused(t *testing.T) {
 		}
 	})
 }
+
+// checkKeyValues accepts any non-empty key in OTEL_EXPORTER_OTLP_HEADERS,
+// but the exporter drops a header whose name is not an HTTP token (a space,
+// a colon, a slash), logging through otel's global logger only: the proxy
+// starts and exports without its credentials, and every export fails 401.
+func TestReview13InvalidHeaderNameRefused(t *testing.T) {
+	for _, v := range []string{"x api key=abc", "Authorization:Bearer=abc", "team/key=abc"} {
+		t.Run(v, func(t *testing.T) {
+			_, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:1", envEndpoint + "=http://127.0.0.1:4318", envHeaders + "=" + v})
+			if err == nil || !strings.Contains(err.Error(), envHeaders) {
+				t.Errorf("loadConfig with %s=%q: got %v, want a refusal naming %s (not a valid header name)", envHeaders, v, err, envHeaders)
+			}
+		})
+	}
+}
