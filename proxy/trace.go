@@ -9,6 +9,8 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -38,6 +40,26 @@ const (
 
 const tracerName = "github.com/idemproxy/idemproxy/proxy"
 
+// maxClientAttrBytes bounds the attributes whose value the client controls
+// (url.path, server.address, user_agent.original, url.full), whatever the
+// SDK's attribute value length limit.
+const maxClientAttrBytes = 1024
+
+// clientAttr is s cut at maxClientAttrBytes (on a UTF-8 boundary) and
+// copied: a span waiting in the export queue must not keep the request's
+// header or request line alive (a substring would, and so would the SDK's
+// own truncation).
+func clientAttr(s string) string {
+	if len(s) > maxClientAttrBytes {
+		n := maxClientAttrBytes
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
+		s = s[:n]
+	}
+	return strings.Clone(s)
+}
+
 // traceContext is the W3C Trace Context propagator (traceparent, tracestate).
 var traceContext propagation.TraceContext
 
@@ -54,9 +76,9 @@ func (h *Handler) startServerSpan(r *http.Request) (*http.Request, trace.Span) {
 		}
 		attrs := []attribute.KeyValue{
 			semconv.HTTPRequestMethodKey.String(methodName(r.Method)),
-			semconv.URLPath(r.URL.Path),
+			semconv.URLPath(clientAttr(r.URL.Path)),
 			semconv.URLScheme(scheme),
-			semconv.ServerAddress(host),
+			semconv.ServerAddress(clientAttr(host)),
 			semconv.NetworkProtocolVersion(protocolVersion(r)),
 		}
 		if port > 0 {
@@ -66,7 +88,7 @@ func (h *Handler) startServerSpan(r *http.Request) (*http.Request, trace.Span) {
 			attrs = append(attrs, semconv.NetworkPeerAddress(peer))
 		}
 		if ua := r.UserAgent(); ua != "" {
-			attrs = append(attrs, semconv.UserAgentOriginal(ua))
+			attrs = append(attrs, semconv.UserAgentOriginal(clientAttr(ua)))
 		}
 		span.SetAttributes(attrs...)
 	}
@@ -114,7 +136,7 @@ func traceOutgoing(out *http.Request) {
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		host, port := splitHostPort(out.URL.Host)
 		u := url.URL{Scheme: out.URL.Scheme, Host: out.URL.Host, Path: out.URL.Path, RawPath: out.URL.RawPath} // no query, no user info
-		attrs := []attribute.KeyValue{semconv.URLFull(u.String()), semconv.ServerAddress(host)}
+		attrs := []attribute.KeyValue{semconv.URLFull(clientAttr(u.String())), semconv.ServerAddress(clientAttr(host))}
 		if port == 0 {
 			port = 80
 			if out.URL.Scheme == "https" {
