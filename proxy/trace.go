@@ -66,7 +66,7 @@ var traceContext propagation.TraceContext
 // startServerSpan starts the request's server span, a child of the incoming
 // traceparent when there is one, and returns the request carrying it.
 func (h *Handler) startServerSpan(r *http.Request) (*http.Request, trace.Span) {
-	ctx := traceContext.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	ctx := traceContext.Extract(r.Context(), incomingCarrier(r.Header))
 	ctx, span := h.tracer.Start(ctx, methodName(r.Method), trace.WithSpanKind(trace.SpanKindServer))
 	if span.IsRecording() {
 		host, port := splitHostPort(r.Host)
@@ -93,6 +93,17 @@ func (h *Handler) startServerSpan(r *http.Request) (*http.Request, trace.Span) {
 		span.SetAttributes(attrs...)
 	}
 	return r.WithContext(ctx), span
+}
+
+// incomingCarrier is the carrier Extract reads the client's trace context
+// from: a tracestate sent over several header lines is one list (RFC 9110
+// field combination), joined here; Extract would read the first line only.
+func incomingCarrier(h http.Header) propagation.TextMapCarrier {
+	ts := h.Values("Tracestate")
+	if len(ts) <= 1 {
+		return propagation.HeaderCarrier(h)
+	}
+	return propagation.MapCarrier{"traceparent": h.Get("Traceparent"), "tracestate": strings.Join(ts, ",")}
 }
 
 // endServerSpan names the span after the route, adds what the request came
@@ -130,7 +141,11 @@ func (h *Handler) startUpstreamSpan(ctx context.Context, method string) (context
 }
 
 // traceOutgoing describes the outgoing request on its client span and
-// writes that span's traceparent (replacing the client's) into it.
+// writes that span's traceparent and tracestate into it, replacing the
+// client's. The client's tracestate is dropped first: Inject writes one only
+// when the span context has one, that is when the client's traceparent was
+// valid and its tracestate parsed (W3C Trace Context: a tracestate is not
+// propagated without its valid traceparent).
 func traceOutgoing(out *http.Request) {
 	ctx := out.Context()
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
@@ -145,6 +160,7 @@ func traceOutgoing(out *http.Request) {
 		}
 		span.SetAttributes(append(attrs, semconv.ServerPort(port))...)
 	}
+	out.Header.Del("Tracestate")
 	traceContext.Inject(ctx, propagation.HeaderCarrier(out.Header))
 }
 
