@@ -374,7 +374,9 @@ type keyJSON struct {
 	BodyStored    *bool                `json:"body_stored,omitempty"`
 	Headers       *map[string][]string `json:"headers,omitempty"`
 	Trailers      map[string][]string  `json:"trailers,omitempty"`
-	Error         string               `json:"error,omitempty"`
+	// Trace is the execution's "<trace-id>-<span-id>" (record field tr).
+	Trace string `json:"trace,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 func newKeyJSON(k claim.Key, e *claim.Entry) keyJSON {
@@ -382,7 +384,7 @@ func newKeyJSON(k claim.Key, e *claim.Entry) keyJSON {
 	if e == nil {
 		return j
 	}
-	j.State, j.Status, j.Upstream = e.State, e.Status, e.Upstream
+	j.State, j.Status, j.Upstream, j.Trace = e.State, e.Status, e.Upstream, e.Trace
 	j.Fingerprint = hex.EncodeToString(e.Fingerprint)
 	j.ClaimedAt, j.CompletedAt, j.LockExpiresAt = jsonTime(e.ClaimedAt), jsonTime(e.CompletedAt), jsonTime(e.LockExpiresAt)
 	j.TTLms = e.TTL.Milliseconds()

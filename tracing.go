@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -27,8 +28,7 @@ import (
 // environment to run); checkTracing refuses values the SDK would only log
 // and ignore, naming each, as for every other variable.
 
-// The variables checkTracing reads; the SDK honours them and more
-// (OTEL_EXPORTER_OTLP_CERTIFICATE, _COMPRESSION, OTEL_BSP_*, ...).
+// The variables checkTracing reads; the SDK honours them and a few more.
 const (
 	envEndpoint         = "OTEL_EXPORTER_OTLP_ENDPOINT"
 	envTracesEndpoint   = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
@@ -42,32 +42,74 @@ const (
 	envSamplerArg       = "OTEL_TRACES_SAMPLER_ARG"
 	envResourceAttrs    = "OTEL_RESOURCE_ATTRIBUTES"
 	envSDKDisabled      = "OTEL_SDK_DISABLED"
+	envTracesExporter   = "OTEL_TRACES_EXPORTER"
+	envAttrValueLimit   = "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"
+	envSpanAttrValueLim = "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT"
 	defaultServiceName  = "idemproxy"
 	protocolHTTP        = "http/protobuf"
 	protocolGRPC        = "grpc"
 	tracingFlushTimeout = 5 * time.Second
+	// defaultAttrValueLimit bounds every span attribute value (bytes) when
+	// neither OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT nor
+	// OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT is set; the SDK's own default is
+	// unlimited, and clients control User-Agent, the path and Host.
+	defaultAttrValueLimit = 1024
 )
+
+// The certificate files (paths) the exporter reads at start.
+var envCertificates = []string{
+	"OTEL_EXPORTER_OTLP_CERTIFICATE", "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+	"OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+	"OTEL_EXPORTER_OTLP_CLIENT_KEY", "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+}
+
+// The SDK's numeric variables, each a whole number; positive ones must not
+// be 0.
+var envCounts = []struct {
+	name     string
+	positive bool
+}{
+	{"OTEL_BSP_SCHEDULE_DELAY", false}, {"OTEL_BSP_EXPORT_TIMEOUT", false},
+	{"OTEL_BSP_MAX_QUEUE_SIZE", true}, {"OTEL_BSP_MAX_EXPORT_BATCH_SIZE", true},
+	{envAttrValueLimit, false}, {envSpanAttrValueLim, false},
+	{"OTEL_ATTRIBUTE_COUNT_LIMIT", false}, {"OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", false},
+	{"OTEL_SPAN_EVENT_COUNT_LIMIT", false}, {"OTEL_SPAN_LINK_COUNT_LIMIT", false},
+	{"OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", false}, {"OTEL_LINK_ATTRIBUTE_COUNT_LIMIT", false},
+}
 
 // tracingConfig is what the proxy itself needs to know; the rest is the SDK's.
 type tracingConfig struct {
 	enabled  bool
 	protocol string // protocolHTTP or protocolGRPC
+	// attrValueLimit is the span attribute value length limit in bytes
+	// (OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT, OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT,
+	// else defaultAttrValueLimit).
+	attrValueLimit int
 }
 
-// checkTracing validates the OTEL_* variables when tracing is on.
+// checkTracing validates the OTEL_* variables when tracing is on. Header
+// values (OTEL_EXPORTER_OTLP_HEADERS holds the collector's credentials) are
+// never quoted, and endpoints are shown through redactURL.
 func (c *Config) checkTracing(k *checker) {
 	raw := func(name string) string { return strings.TrimSpace(k.raw[name]) }
 	if strings.EqualFold(raw(envSDKDisabled), "true") || (raw(envEndpoint) == "" && raw(envTracesEndpoint) == "") {
 		return
 	}
-	c.tracing = tracingConfig{enabled: true, protocol: protocolHTTP}
+	switch strings.ToLower(raw(envTracesExporter)) {
+	case "", "otlp":
+	case "none": // the standard way to turn traces off
+		return
+	default:
+		k.bad("%s=%q: use otlp (the default) or none (no tracing)", envTracesExporter, k.raw[envTracesExporter])
+	}
+	c.tracing = tracingConfig{enabled: true, protocol: protocolHTTP, attrValueLimit: defaultAttrValueLimit}
 	for _, name := range []string{envEndpoint, envTracesEndpoint} {
 		v := raw(name)
 		if v == "" {
 			continue
 		}
 		if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			k.bad("%s=%q: not an http:// or https:// URL with a host", name, k.raw[name])
+			k.bad("%s=%q: not an http:// or https:// URL with a host", name, redactURL(k.raw[name]))
 		}
 	}
 	for _, name := range []string{envProtocol, envTracesProtocol} { // the per-signal one wins
@@ -79,16 +121,53 @@ func (c *Config) checkTracing(k *checker) {
 			k.bad("%s=%q: use %s (the default) or %s", name, k.raw[name], protocolHTTP, protocolGRPC)
 		}
 	}
-	for _, name := range []string{envHeaders, envTracesHeaders, envResourceAttrs} {
-		if err := checkKeyValues(raw(name)); err != nil {
-			k.bad("%s=%q: %v", name, k.raw[name], err)
+	for _, name := range []string{envHeaders, envTracesHeaders} {
+		if err := checkKeyValues(raw(name), true); err != nil {
+			k.bad("%s: %v (the value is not shown: it holds credentials)", name, err)
 		}
+	}
+	if err := checkKeyValues(raw(envResourceAttrs), false); err != nil {
+		k.bad("%s=%q: %v", envResourceAttrs, k.raw[envResourceAttrs], err)
 	}
 	for _, name := range []string{envTimeout, envTracesTimeout} {
 		if v := raw(name); v != "" {
 			if n, err := strconv.Atoi(v); err != nil || n < 0 {
 				k.bad("%s=%q: not a whole number of milliseconds", name, k.raw[name])
 			}
+		}
+	}
+	for _, name := range envCertificates {
+		if v := raw(name); v != "" {
+			if fi, err := os.Stat(v); err != nil {
+				k.bad("%s=%q: %v", name, k.raw[name], errors.Unwrap(err))
+			} else if fi.IsDir() {
+				k.bad("%s=%q: a directory, not a PEM file", name, k.raw[name])
+			}
+		}
+	}
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_COMPRESSION", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"} {
+		switch raw(name) {
+		case "", "gzip", "none":
+		default:
+			k.bad("%s=%q: use gzip or none (the default)", name, k.raw[name])
+		}
+	}
+	for _, e := range envCounts {
+		v := raw(e.name)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.Atoi(v)
+		switch {
+		case err != nil || n < 0:
+			k.bad("%s=%q: not a whole number", e.name, k.raw[e.name])
+		case e.positive && n == 0:
+			k.bad("%s=%q: must be at least 1", e.name, k.raw[e.name])
+		}
+	}
+	for _, name := range []string{envAttrValueLimit, envSpanAttrValueLim} { // the span one wins
+		if n, err := strconv.Atoi(raw(name)); err == nil && n >= 0 {
+			c.tracing.attrValueLimit = n
 		}
 	}
 	sampler := strings.ToLower(raw(envSampler))
@@ -108,24 +187,48 @@ func (c *Config) checkTracing(k *checker) {
 
 // checkKeyValues checks the W3C Baggage-like list of OTEL_*_HEADERS and
 // OTEL_RESOURCE_ATTRIBUTES: key=value pairs separated by commas, values
-// percent-encoded.
-func checkKeyValues(s string) error {
+// percent-encoded. With headers, each key must be an HTTP header name (the
+// exporter drops any other), and the error names a pair by its position,
+// and its key only when that is a valid header name: a pair without "="
+// ("Authorization: Bearer ...") is all credential.
+func checkKeyValues(s string, headers bool) error {
 	if s == "" {
 		return nil
 	}
+	i := 0
 	for p := range strings.SplitSeq(s, ",") {
 		if strings.TrimSpace(p) == "" {
 			continue
 		}
+		i++
 		key, val, ok := strings.Cut(p, "=")
-		if !ok || strings.TrimSpace(key) == "" {
+		key = strings.TrimSpace(key)
+		if !ok || key == "" {
+			if headers {
+				return fmt.Errorf("pair %d: want name=value pairs separated by commas (\"=\", not \":\": authorization=Bearer%%20TOKEN)", i)
+			}
 			return errors.New("want key=value pairs separated by commas")
 		}
+		if headers && !isToken(key) {
+			return fmt.Errorf("pair %d: the name is not a valid HTTP header name (letters, digits and !#$%%&'*+-.^_`|~ only; no spaces, colons or slashes)", i)
+		}
 		if _, err := url.PathUnescape(strings.TrimSpace(val)); err != nil {
-			return fmt.Errorf("value of %q is not percent-encoded correctly", strings.TrimSpace(key))
+			return fmt.Errorf("value of %q is not percent-encoded correctly", key)
 		}
 	}
 	return nil
+}
+
+// isToken reports whether s is an HTTP token (RFC 9110 5.6.2), what a header
+// name must be.
+func isToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // tracing is the started tracer provider; a nil *tracing is tracing off.
@@ -170,7 +273,11 @@ func newTracing(cfg tracingConfig, logger zerolog.Logger) (*tracing, error) {
 	}))
 	// The sampler comes from OTEL_TRACES_SAMPLER and _ARG (read by the SDK;
 	// parentbased_always_on when unset).
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	// Span limits from the OTEL_*_LIMIT variables, the attribute value
+	// length bounded by default (checkTracing).
+	limits := sdktrace.NewSpanLimits()
+	limits.AttributeValueLengthLimit = cfg.attrValueLimit
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res), sdktrace.WithRawSpanLimits(limits))
 	return &tracing{sdk: tp}, nil
 }
 

@@ -486,7 +486,7 @@ func TestTracingConfig(t *testing.T) {
 		{name: "bad sampler", env: []string{envEndpoint + "=http://c:4318", envSampler + "=sometimes"}, wantErr: `OTEL_TRACES_SAMPLER="sometimes"`},
 		{name: "bad ratio", env: []string{envEndpoint + "=http://c:4318", envSampler + "=parentbased_traceidratio", envSamplerArg + "=2"}, wantErr: `OTEL_TRACES_SAMPLER_ARG="2"`},
 		{name: "ratio", env: []string{envEndpoint + "=http://c:4318", envSampler + "=traceidratio", envSamplerArg + "=0.25"}, wantOn: true, wantProt: protocolHTTP},
-		{name: "bad headers", env: []string{envEndpoint + "=http://c:4318", envHeaders + "=Authorization"}, wantErr: `OTEL_EXPORTER_OTLP_HEADERS="Authorization"`},
+		{name: "bad headers", env: []string{envEndpoint + "=http://c:4318", envHeaders + "=Authorization"}, wantErr: `OTEL_EXPORTER_OTLP_HEADERS: pair 1`},
 		{name: "bad resource attributes", env: []string{envEndpoint + "=http://c:4318", envResourceAttrs + "=team"}, wantErr: `OTEL_RESOURCE_ATTRIBUTES="team"`},
 		{name: "bad timeout", env: []string{envEndpoint + "=http://c:4318", envTimeout + "=5s"}, wantErr: `OTEL_EXPORTER_OTLP_TIMEOUT="5s"`},
 		{name: "off: protocol not checked", env: []string{envProtocol + "=http/json"}},

@@ -120,9 +120,10 @@ func (c *replayCache) remove(k Key, e *cacheEntry) {
 }
 
 // recordSize approximates the memory a decoded record holds: the encoded
-// bytes its body points into, plus the header strings copied out of them.
+// bytes its body points into, plus the header strings copied out of them and
+// the execution's trace reference (field tr, a string of its own).
 func recordSize(r *Record, encodedLen int) int {
-	n := 128 + max(encodedLen, len(r.Body))
+	n := 128 + max(encodedLen, len(r.Body)) + len(r.Trace)
 	for k, vv := range r.Header {
 		n += len(k) + 16
 		for _, v := range vv {

@@ -54,6 +54,9 @@ type Entry struct {
 	Record *Record
 	// RecordBytes is the size of the encoded record (rec field).
 	RecordBytes int
+	// Trace is the execution's trace context, "<trace-id>-<span-id>" (field
+	// tr; see Record.Trace), or "" (tracing off, not sampled, in flight).
+	Trace string
 }
 
 // Inspector reads, lists and deletes records for an operator
@@ -265,14 +268,14 @@ func decodeInspect(k Key, v any, body bool) (*Entry, error) {
 		return nil, ErrNotFound
 	case f[0] != "hash":
 		return nil, fmt.Errorf("%w: a Redis %s, not a hash", errNotRecord, f[0])
-	case len(f) != 10:
+	case len(f) != 11:
 		return nil, fmt.Errorf("bad inspect reply: %d elements", len(f))
 	}
 	st, fp, at, ld, ct, up, rec := f[1], f[2], f[3], f[4], f[5], f[6], f[7]
 	if st != "i" {
 		ld = "" // the lock deadline stays in the record after it; it means nothing then
 	}
-	e := &Entry{Key: k, Fingerprint: []byte(fp), Upstream: up}
+	e := &Entry{Key: k, Fingerprint: []byte(fp), Upstream: up, Trace: f[10]}
 	var err error
 	if e.RecordBytes, err = strconv.Atoi(f[8]); err != nil {
 		return nil, fmt.Errorf("bad inspect reply length %q", f[8])

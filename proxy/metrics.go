@@ -140,6 +140,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, c := range []string{causeUpstreamTimeout, causeUpstreamFailed, causeLockExpired} {
 		m.unknownOutcomes.WithLabelValues(c) // exported at zero: alerts see the series before the first one
 	}
+	// The outcomes the alerts watch, exported at zero for the default route
+	// and header keys: a series the proxy creates at its first increment is
+	// first scraped at 1 or more, where rate() and increase() see nothing.
+	for _, o := range []string{outcomeStoreError, outcomeFailOpen, outcomeUnknown} {
+		m.requests.WithLabelValues("default", o, keySourceHeader)
+	}
 	reg.MustRegister(m.requests, m.responses, m.upstream, m.script, m.inflight, m.recordFailures, m.doubleExecutions, m.takeoverAge, m.cacheHits, m.unknownOutcomes)
 	return m
 }

@@ -9,6 +9,8 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -38,13 +40,33 @@ const (
 
 const tracerName = "github.com/idemproxy/idemproxy/proxy"
 
+// maxClientAttrBytes bounds the attributes whose value the client controls
+// (url.path, server.address, user_agent.original, url.full), whatever the
+// SDK's attribute value length limit.
+const maxClientAttrBytes = 1024
+
+// clientAttr is s cut at maxClientAttrBytes (on a UTF-8 boundary) and
+// copied: a span waiting in the export queue must not keep the request's
+// header or request line alive (a substring would, and so would the SDK's
+// own truncation).
+func clientAttr(s string) string {
+	if len(s) > maxClientAttrBytes {
+		n := maxClientAttrBytes
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
+		s = s[:n]
+	}
+	return strings.Clone(s)
+}
+
 // traceContext is the W3C Trace Context propagator (traceparent, tracestate).
 var traceContext propagation.TraceContext
 
 // startServerSpan starts the request's server span, a child of the incoming
 // traceparent when there is one, and returns the request carrying it.
 func (h *Handler) startServerSpan(r *http.Request) (*http.Request, trace.Span) {
-	ctx := traceContext.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	ctx := traceContext.Extract(r.Context(), incomingCarrier(r.Header))
 	ctx, span := h.tracer.Start(ctx, methodName(r.Method), trace.WithSpanKind(trace.SpanKindServer))
 	if span.IsRecording() {
 		host, port := splitHostPort(r.Host)
@@ -54,9 +76,9 @@ func (h *Handler) startServerSpan(r *http.Request) (*http.Request, trace.Span) {
 		}
 		attrs := []attribute.KeyValue{
 			semconv.HTTPRequestMethodKey.String(methodName(r.Method)),
-			semconv.URLPath(r.URL.Path),
+			semconv.URLPath(clientAttr(r.URL.Path)),
 			semconv.URLScheme(scheme),
-			semconv.ServerAddress(host),
+			semconv.ServerAddress(clientAttr(host)),
 			semconv.NetworkProtocolVersion(protocolVersion(r)),
 		}
 		if port > 0 {
@@ -66,11 +88,22 @@ func (h *Handler) startServerSpan(r *http.Request) (*http.Request, trace.Span) {
 			attrs = append(attrs, semconv.NetworkPeerAddress(peer))
 		}
 		if ua := r.UserAgent(); ua != "" {
-			attrs = append(attrs, semconv.UserAgentOriginal(ua))
+			attrs = append(attrs, semconv.UserAgentOriginal(clientAttr(ua)))
 		}
 		span.SetAttributes(attrs...)
 	}
 	return r.WithContext(ctx), span
+}
+
+// incomingCarrier is the carrier Extract reads the client's trace context
+// from: a tracestate sent over several header lines is one list (RFC 9110
+// field combination), joined here; Extract would read the first line only.
+func incomingCarrier(h http.Header) propagation.TextMapCarrier {
+	ts := h.Values("Tracestate")
+	if len(ts) <= 1 {
+		return propagation.HeaderCarrier(h)
+	}
+	return propagation.MapCarrier{"traceparent": h.Get("Traceparent"), "tracestate": strings.Join(ts, ",")}
 }
 
 // endServerSpan names the span after the route, adds what the request came
@@ -108,13 +141,17 @@ func (h *Handler) startUpstreamSpan(ctx context.Context, method string) (context
 }
 
 // traceOutgoing describes the outgoing request on its client span and
-// writes that span's traceparent (replacing the client's) into it.
+// writes that span's traceparent and tracestate into it, replacing the
+// client's. The client's tracestate is dropped first: Inject writes one only
+// when the span context has one, that is when the client's traceparent was
+// valid and its tracestate parsed (W3C Trace Context: a tracestate is not
+// propagated without its valid traceparent).
 func traceOutgoing(out *http.Request) {
 	ctx := out.Context()
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		host, port := splitHostPort(out.URL.Host)
 		u := url.URL{Scheme: out.URL.Scheme, Host: out.URL.Host, Path: out.URL.Path, RawPath: out.URL.RawPath} // no query, no user info
-		attrs := []attribute.KeyValue{semconv.URLFull(u.String()), semconv.ServerAddress(host)}
+		attrs := []attribute.KeyValue{semconv.URLFull(clientAttr(u.String())), semconv.ServerAddress(clientAttr(host))}
 		if port == 0 {
 			port = 80
 			if out.URL.Scheme == "https" {
@@ -123,6 +160,7 @@ func traceOutgoing(out *http.Request) {
 		}
 		span.SetAttributes(append(attrs, semconv.ServerPort(port))...)
 	}
+	out.Header.Del("Tracestate")
 	traceContext.Inject(ctx, propagation.HeaderCarrier(out.Header))
 }
 

@@ -54,7 +54,7 @@ var matchersRE = regexp.MustCompile(`[a-z_]+\{([^}]*)\}`)
 // wantAlerts are the alerts the chart ships, each documented under a README heading of its name.
 var wantAlerts = []string{
 	"IdemproxyHighTakeoverRate", "IdemproxyDoubleExecution", "IdemproxyRecordFailures", "IdemproxyStoreErrors",
-	"IdemproxyStoreUnsafe", "IdemproxyUnknownOutcomes", "IdemproxyReadinessFlapping",
+	"IdemproxyStoreUnsafe", "IdemproxyUnknownOutcomes", "IdemproxyNotReady", "IdemproxyReadinessFlapping",
 }
 
 const defaultRunbookBase = "https://github.com/idemproxy/idemproxy/blob/main/README.md"
