@@ -196,7 +196,16 @@ func TestSentinelFailover(t *testing.T) {
 // test's (named), a sentinel's (named sentinel-...), a replication link, nor
 // the one asking: in these tests, the proxy's.
 func sentinelForeignConns(t *testing.T, s *redistest.Server) int {
-	list, err := fleetNodeClient(t, s).ClientList(context.Background()).Result()
+	// The test's pooled connection may have been killed by the failover
+	// (Sentinel closes client connections when it reconfigures a node), and
+	// these clients do not retry: ask again, a bounded number of times.
+	var list string
+	var err error
+	for range 3 {
+		if list, err = fleetNodeClient(t, s).ClientList(context.Background()).Result(); err == nil {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatalf("CLIENT LIST on %s: %v", s.Addr(), err)
 	}
