@@ -239,6 +239,16 @@ func (kc *keysCmd) redisFailed(err error) error {
 	return fmt.Errorf("keys %s: Redis (%s): %w", kc.name, where, err)
 }
 
+// openKey reads the one KEY_HASH argument of get and purge, then connects.
+func (kc *keysCmd) openKey(pos []string) (claim.Key, *claim.Inspector, func(), error) {
+	k, err := kc.keyHash(pos)
+	if err != nil {
+		return k, nil, nil, err
+	}
+	in, closeRedis, err := kc.inspector()
+	return k, in, closeRedis, err
+}
+
 func (kc *keysCmd) keyHash(pos []string) (claim.Key, error) {
 	if len(pos) != 1 {
 		return claim.Key{}, kc.badUsage(fmt.Errorf("want one KEY_HASH, got %d arguments", len(pos)))
@@ -452,11 +462,7 @@ func escapeControls(b []byte) []byte {
 func (kc *keysCmd) getFlags() func(context.Context, []string) error {
 	body := kc.fs.Bool("body", false, "write the recorded body only, byte for byte")
 	return func(ctx context.Context, pos []string) error {
-		k, err := kc.keyHash(pos)
-		if err != nil {
-			return err
-		}
-		in, closeRedis, err := kc.inspector()
+		k, in, closeRedis, err := kc.openKey(pos)
 		if err != nil {
 			return err
 		}
@@ -535,11 +541,7 @@ func (kc *keysCmd) listFlags() func(context.Context, []string) error {
 
 func (kc *keysCmd) purgeFlags() func(context.Context, []string) error {
 	return func(ctx context.Context, pos []string) error {
-		k, err := kc.keyHash(pos)
-		if err != nil {
-			return err
-		}
-		in, closeRedis, err := kc.inspector()
+		k, in, closeRedis, err := kc.openKey(pos)
 		if err != nil {
 			return err
 		}

@@ -323,6 +323,20 @@ func (g *gate) open() {
 }
 
 // handler answers after release (or after 10s, so that nothing hangs).
+// first holds the first request at the gate (answered by held once it
+// opens) and answers every later one with rest at once.
+func (g *gate) first(held, rest http.HandlerFunc) http.HandlerFunc {
+	var n atomic.Int64
+	gated := g.handler(held)
+	return func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			gated(w, r)
+			return
+		}
+		rest(w, r)
+	}
+}
+
 func (g *gate) handler(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		g.arrived <- struct{}{}

@@ -296,14 +296,7 @@ func TestWaitClaimsWhenFirstIsReleased(t *testing.T) {
 	forBoth(t, func(o *proxy.Options) { o.Default.Wait = 5 * time.Second }, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
-		var n atomic.Int64
-		e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
-			if n.Add(1) == 1 {
-				g.handler(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) })(w, r)
-				return
-			}
-			e.created(w, r)
-		})
+		e.setUpstream(g.first(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) }, e.created))
 		first := make(chan response, 1)
 		go func() { first <- e.do(req{key: "w5", body: "b"}) }()
 		g.wait(t)
@@ -474,14 +467,7 @@ func TestUpstreamTimeoutKeepsClaim(t *testing.T) {
 	}, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
-		var n atomic.Int64
-		e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
-			if n.Add(1) == 1 {
-				g.handler(e.created)(w, r)
-				return
-			}
-			e.created(w, r)
-		})
+		e.setUpstream(g.first(e.created, e.created))
 		r := e.do(req{key: "t", body: "b"})
 		if r.StatusCode != http.StatusGatewayTimeout {
 			t.Fatalf("status %d, want 504", r.StatusCode)

@@ -176,22 +176,33 @@ func jpMember(doc []byte, i int, tok string, rest []string) (at, end int) {
 		} else {
 			i = jpSkipValue(doc, i)
 		}
-		if i < 0 {
-			return -1, -1
-		}
-		i = jpSkipSpace(doc, i)
-		if i >= len(doc) {
-			return -1, -1
-		}
-		switch doc[i] {
-		case ',':
-			i = jpSkipSpace(doc, i+1)
-		case '}':
-			return at, i + 1
-		default:
-			return -1, -1
+		var done bool
+		if i, done = jpNext(doc, i, '}'); done {
+			if i < 0 {
+				return -1, -1
+			}
+			return at, i
 		}
 	}
+}
+
+// jpNext goes on after a member's or element's value that ends at i: to the
+// next one (its index, false), or past the container's closing byte (the
+// index after it, true); (-1, true) when the document is malformed there.
+func jpNext(doc []byte, i int, closing byte) (int, bool) {
+	if i < 0 {
+		return -1, true
+	}
+	i = jpSkipSpace(doc, i)
+	switch {
+	case i >= len(doc):
+		return -1, true
+	case doc[i] == ',':
+		return jpSkipSpace(doc, i+1), false
+	case doc[i] == closing:
+		return i + 1, true
+	}
+	return -1, true
 }
 
 // jpElement walks the array at doc[i] ('['): the value at rest in its element
@@ -220,20 +231,12 @@ func jpElement(doc []byte, i int, tok string, rest []string, needEnd bool) (at, 
 		} else {
 			i = jpSkipValue(doc, i)
 		}
-		if i < 0 {
-			return -1, -1
-		}
-		i = jpSkipSpace(doc, i)
-		if i >= len(doc) {
-			return -1, -1
-		}
-		switch doc[i] {
-		case ',':
-			i = jpSkipSpace(doc, i+1)
-		case ']':
-			return at, i + 1
-		default:
-			return -1, -1
+		var done bool
+		if i, done = jpNext(doc, i, ']'); done {
+			if i < 0 {
+				return -1, -1
+			}
+			return at, i
 		}
 	}
 }

@@ -116,14 +116,7 @@ func TestObserveInFlightAndRequired(t *testing.T) {
 	})
 	g := newGate()
 	defer g.open()
-	var n atomic.Int64
-	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
-		if n.Add(1) == 1 {
-			g.handler(e.created)(w, r)
-			return
-		}
-		e.created(w, r)
-	})
+	e.setUpstream(g.first(e.created, e.created))
 	done := make(chan response, 1)
 	go func() {
 		r, _ := e.send(context.Background(), e.srv, req{key: "slow", body: "b"})

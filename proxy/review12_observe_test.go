@@ -126,14 +126,7 @@ func TestReview12ObserveUpstreamFailureDetailTellsTheTruth(t *testing.T) {
 			})
 			g := newGate()
 			defer g.open()
-			var n atomic.Int64
-			e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
-				if n.Add(1) == 1 {
-					g.handler(e.created)(w, r)
-					return
-				}
-				e.created(w, r)
-			})
+			e.setUpstream(g.first(e.created, e.created))
 			r := e.do(req{path: "/v1/shadow/1", key: "k", body: "b"})
 			if r.StatusCode != http.StatusGatewayTimeout {
 				t.Fatalf("first: %d %s, want 504", r.StatusCode, r.body)

@@ -3,7 +3,6 @@ package proxy_test
 import (
 	"context"
 	"net/http"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -75,14 +74,7 @@ func TestReview12HoldSlowOriginalReleaseWins(t *testing.T) {
 	})
 	g := newGate()
 	defer g.open()
-	var n atomic.Int64
-	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
-		if n.Add(1) == 1 {
-			g.handler(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) })(w, r)
-			return
-		}
-		e.created(w, r)
-	})
+	e.setUpstream(g.first(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) }, e.created))
 	first := make(chan response, 1)
 	go func() {
 		r, _ := e.send(context.Background(), e.srv, req{key: "rel", body: "b"})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,14 +44,7 @@ func TestHoldUpstreamTimeout(t *testing.T) {
 	e := newEnv(t, realBackend, hold)
 	g := newGate()
 	defer g.open()
-	var n atomic.Int64
-	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
-		if n.Add(1) == 1 {
-			g.handler(e.created)(w, r)
-			return
-		}
-		e.created(w, r)
-	})
+	e.setUpstream(g.first(e.created, e.created))
 	r := e.do(req{key: "pay-1", body: "b"})
 	if r.StatusCode != http.StatusGatewayTimeout || r.problem(t)["type"] != "urn:idemproxy:problem:upstream-timeout" {
 		t.Fatalf("first: %d %s, want 504 upstream-timeout", r.StatusCode, r.body)
@@ -194,14 +186,7 @@ func TestExpireIsUnchanged(t *testing.T) {
 	})
 	g := newGate()
 	defer g.open()
-	var n atomic.Int64
-	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
-		if n.Add(1) == 1 {
-			g.handler(e.created)(w, r)
-			return
-		}
-		e.created(w, r)
-	})
+	e.setUpstream(g.first(e.created, e.created))
 	if r := e.do(req{path: "/v1/expire/1", key: "x", body: "b"}); r.StatusCode != http.StatusGatewayTimeout {
 		t.Fatalf("first: %d, want 504", r.StatusCode)
 	}
