@@ -49,6 +49,22 @@ func review13Handler(t *testing.T) (*Handler, func() []http.Header) {
 	}
 }
 
+// review13Serve serves r, which must be answered 201 after exactly one
+// upstream call, and returns the headers that call carried.
+func review13Serve(t *testing.T, h *Handler, upstream func() []http.Header, r *http.Request) []http.Header {
+	t.Helper()
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusCreated {
+		t.Fatalf("status %d: %s", w.Code, w.Body)
+	}
+	got := upstream()
+	if len(got) != 1 {
+		t.Fatalf("upstream calls: %d, want 1", len(got))
+	}
+	return got
+}
+
 // W3C Trace Context: when traceparent cannot be parsed, tracestate MUST NOT
 // be propagated (it belongs to a trace the receiver cannot identify). The
 // proxy starts a new trace and sends its own traceparent, but the client's
@@ -68,15 +84,7 @@ func TestReview13TracestateDroppedWithInvalidTraceparent(t *testing.T) {
 			}
 			r.Header.Set("Traceparent", "00-not-a-trace-context-01")
 			r.Header.Set("Tracestate", "vendor=client-chosen-state")
-			w := httptest.NewRecorder()
-			h.ServeHTTP(w, r)
-			if w.Code != http.StatusCreated {
-				t.Fatalf("status %d: %s", w.Code, w.Body)
-			}
-			got := upstream()
-			if len(got) != 1 {
-				t.Fatalf("upstream calls: %d, want 1", len(got))
-			}
+			got := review13Serve(t, h, upstream, r)
 			if tp := got[0].Values("Traceparent"); len(tp) != 1 || strings.Contains(tp[0], "not-a-trace") {
 				t.Errorf("upstream traceparent: got %q, want exactly one, the proxy's", tp)
 			}
@@ -97,15 +105,7 @@ func TestReview13MalformedTracestateNotForwarded(t *testing.T) {
 	r.Header.Set("Idempotency-Key", "k-ts-2")
 	r.Header.Set("Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	r.Header.Set("Tracestate", "Invalid Key=v,"+strings.Repeat("x", 600)+"=y")
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, r)
-	if w.Code != http.StatusCreated {
-		t.Fatalf("status %d: %s", w.Code, w.Body)
-	}
-	got := upstream()
-	if len(got) != 1 {
-		t.Fatalf("upstream calls: %d, want 1", len(got))
-	}
+	got := review13Serve(t, h, upstream, r)
 	if ts := got[0].Values("Tracestate"); len(ts) != 0 {
 		t.Errorf("upstream tracestate: got %q; want none (the client's was not valid W3C tracestate)", ts)
 	}
@@ -122,15 +122,7 @@ func TestReview13TracestateOverSeveralLinesKept(t *testing.T) {
 	r.Header.Set("Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	r.Header.Add("Tracestate", "a=1")
 	r.Header.Add("Tracestate", "b=2")
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, r)
-	if w.Code != http.StatusCreated {
-		t.Fatalf("status %d: %s", w.Code, w.Body)
-	}
-	got := upstream()
-	if len(got) != 1 {
-		t.Fatalf("upstream calls: %d, want 1", len(got))
-	}
+	got := review13Serve(t, h, upstream, r)
 	if ts := strings.Join(got[0].Values("Tracestate"), ","); !strings.Contains(ts, "a=1") || !strings.Contains(ts, "b=2") {
 		t.Errorf("upstream tracestate: got %q; want both members a=1 and b=2 of the client's tracestate", ts)
 	}
