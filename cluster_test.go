@@ -366,15 +366,7 @@ func TestClusterFailover(t *testing.T) {
 	nowCached, _ := fleetNodeClient(t, replica).ScriptExists(ctx, clusterScriptHashes()[0]).Result()
 
 	// Recorded-before keys: all replay, none executed again.
-	for k, a := range p.sendAll(recorded, 8) {
-		if a.err != nil || !a.replayed || a.body != bodies[k] {
-			t.Errorf("recorded %s after failover: status %d replayed=%v err=%v body %q, want replay of %q",
-				k, a.status, a.replayed, a.err, a.body, bodies[k])
-		}
-		if n := up.KeyCalls(k); n != 1 {
-			t.Errorf("recorded %s executed %d times, want 1", k, n)
-		}
-	}
+	fleetWantReplayed(t, p, up, recorded, bodies)
 	for _, b := range load.bad {
 		t.Error(b)
 	}

@@ -361,3 +361,18 @@ func (l *fleetLoad) settle(timeout time.Duration) map[string]fleetAnswer {
 	wg.Wait()
 	return out
 }
+
+// fleetWantReplayed resends keys recorded before a failover: each must replay
+// its recorded body (bodies[key]) and have executed once only.
+func fleetWantReplayed(t *testing.T, p *fleetProxy, up *fleetUpstream, recorded []string, bodies map[string]string) {
+	t.Helper()
+	for k, a := range p.sendAll(recorded, 8) {
+		if a.err != nil || !a.replayed || a.body != bodies[k] {
+			t.Errorf("recorded %s after failover: status %d replayed=%v err=%v body %q, want replay of %q",
+				k, a.status, a.replayed, a.err, a.body, bodies[k])
+		}
+		if n := up.KeyCalls(k); n != 1 {
+			t.Errorf("recorded %s executed %d times, want 1", k, n)
+		}
+	}
+}

@@ -126,15 +126,7 @@ func TestSentinelFailover(t *testing.T) {
 		}
 	}
 	// Recorded and replicated before the failover: replay, never re-execute.
-	for k, a := range p.sendAll(recorded, 8) {
-		if a.err != nil || !a.replayed || a.body != bodies[k] {
-			t.Errorf("recorded %s after failover: status %d replayed=%v err=%v body %q, want replay of %q",
-				k, a.status, a.replayed, a.err, a.body, bodies[k])
-		}
-		if n := up.KeyCalls(k); n != 1 {
-			t.Errorf("recorded %s executed %d times, want 1", k, n)
-		}
-	}
+	fleetWantReplayed(t, p, up, recorded, bodies)
 	for _, b := range load.bad {
 		t.Error(b)
 	}
