@@ -34,6 +34,19 @@ func TestParseRoutes(t *testing.T) {
 	if q := routes[3]; *q.Wait != 0 || *q.FailOpen || *q.Store5xx {
 		t.Errorf("patch rule: got %+v", q)
 	}
+	opts, err := ParseRoutes("POST /a unknown=hold observe; POST /b unknown=expire enforce; POST /c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := Policy{Hold: true, Observe: true}
+	for i, want := range []struct{ hold, observe bool }{{true, true}, {false, false}, {true, true}} {
+		if p := opts[i].apply(base); p.Hold != want.hold || p.Observe != want.observe {
+			t.Errorf("rule %q over hold and observe: Hold %v Observe %v, want %v %v", opts[i].Rule, p.Hold, p.Observe, want.hold, want.observe)
+		}
+	}
+	if p := opts[0].apply(Policy{}); !p.Hold || !p.Observe {
+		t.Errorf("rule %q over the defaults: %+v, want hold and observe", opts[0].Rule, p)
+	}
 	if r, err := ParseRoutes("  ;  "); err != nil || len(r) != 0 {
 		t.Errorf("blank ROUTES: got %v, %v; want none", r, err)
 	}
@@ -59,6 +72,12 @@ func TestParseRoutesErrors(t *testing.T) {
 		{"POST /x; POST /x ttl=1h", `already covered by rule "POST /x"`},
 		{"POST /x/*/y", `bad pattern`},
 		{"POST /{id", `bad pattern`},
+		{"POST /x unknown=retry", `want unknown=expire or unknown=hold`},
+		{"POST /x unknown", `want unknown=expire or unknown=hold`},
+		{"POST /x observe=yes", `option "observe" takes no value`},
+		{"POST /x observe enforce", `observe and enforce cannot be combined`},
+		{"POST /x off observe", `cannot be combined`},
+		{"POST /x upgrade unknown=hold", `cannot be combined`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.spec, func(t *testing.T) {
