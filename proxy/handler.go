@@ -143,10 +143,19 @@ func New(store Store, opts Options) (*Handler, error) {
 	h.keyed = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			h.rewrite(pr)
-			// ReverseProxy sends an empty body as nil, and the Transport then
-			// resends a written GET/HEAD/OPTIONS/TRACE without asking GetBody.
-			if pr.Out.Body == nil {
+			switch {
+			case pr.Out.Body == nil:
+				// ReverseProxy sends an empty body as nil, and the Transport then
+				// resends a written GET/HEAD/OPTIONS/TRACE without asking GetBody.
 				pr.Out.Body = io.NopCloser(strings.NewReader(""))
+			case pr.In.ContentLength > 0:
+				// A keyed body is in memory (exchange). ReverseProxy hides it
+				// behind a wrapper the Transport cannot recognise, and the
+				// Transport then flushes the headers and writes the body in a
+				// second syscall (and the upstream reads twice). The in-memory
+				// reader itself goes out whole in one write; its Close is a no-op,
+				// which is what the wrapper protects.
+				pr.Out.Body = pr.In.Body
 			}
 		},
 		Transport:      opts.Transport,
