@@ -398,3 +398,32 @@ func TestOtherBenches(t *testing.T) {
 		t.Errorf("our own workdir: got %q, want %q left out", got, want)
 	}
 }
+
+func TestParseRedisCounters(t *testing.T) {
+	info := "# Stats\r\ntotal_connections_received:3\r\ntotal_commands_processed:427111\r\ninstantaneous_ops_per_sec:0\r\n" +
+		"total_reads_processed:31669\r\n\r\n# Commandstats\r\ncmdstat_evalsha:calls=12,usec=30,usec_per_call=2.50,rejected_calls=0,failed_calls=0\r\n"
+	got, err := parseRedisCounters(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.reads != 31669 || got.commands != 427111 || got.calls["evalsha"] != 12 {
+		t.Errorf("got %+v", got)
+	}
+	if _, err := parseRedisCounters("# Stats\r\ntotal_commands_processed:1\r\n"); err == nil {
+		t.Error("no total_reads_processed (a Redis before 6.0): no error")
+	}
+}
+
+func TestReadsLine(t *testing.T) {
+	ss := []sample{
+		{redisReads: 0.25, redisCmds: map[string]float64{"evalsha": 2, "hset": 1}},
+		{redisReads: 0.5, redisCmds: map[string]float64{"evalsha": 2, "eval": 0.01}},
+		{redisReads: 0.4, redisCmds: map[string]float64{"evalsha": 2}},
+	}
+	if got, want := readsLine(ss), "; reads 0.40 (5.0 scripts per read)"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if got := readsLine([]sample{{redisCmds: map[string]float64{"evalsha": 2}}}); got != "" {
+		t.Errorf("no reads: got %q, want none", got)
+	}
+}
