@@ -96,24 +96,19 @@ func main() {
 		fmt.Fprintln(os.Stderr, "redisfloor: need -addr, -g >= 1, -duration > 0, -warmup >= 0, -script scripts|return1, -client auto|plain")
 		os.Exit(2)
 	}
-	res, err := run(*addr, *g, *duration, *warmup, *script, *client, *prefix)
-	if err != nil {
+	if err := run(*addr, *g, *duration, *warmup, *script, *client, *prefix); err != nil {
 		fmt.Fprintln(os.Stderr, "redisfloor:", err)
 		os.Exit(1)
 	}
-	line, err := json.Marshal(res)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "redisfloor:", err)
-		os.Exit(1)
-	}
-	fmt.Printf("REDISFLOOR %s\n", line)
 }
 
-func run(addr string, g int, duration, warmup time.Duration, script, client, prefix string) (Result, error) {
+// run prints the REDISFLOOR line itself: before its deferred closes, so that
+// the driver's snapshot at that line leaves out the connections' teardown.
+func run(addr string, g int, duration, warmup time.Duration, script, client, prefix string) error {
 	// The client as idemproxy makes it from REDIS_URL (redis.go openRedis).
 	opt, err := redis.ParseURL("redis://" + addr)
 	if err != nil {
-		return Result{}, err
+		return err
 	}
 	opt.MaxRetries, opt.DialerRetries = 1, 1
 	rdb := redis.NewClient(opt)
@@ -122,7 +117,7 @@ func run(addr string, g int, duration, warmup time.Duration, script, client, pre
 	if client == "auto" {
 		ap, err := rdb.AutoPipeline()
 		if err != nil {
-			return Result{}, fmt.Errorf("AutoPipeline: %w", err)
+			return fmt.Errorf("AutoPipeline: %w", err)
 		}
 		defer ap.Close()
 		scripter = ap
@@ -130,11 +125,11 @@ func run(addr string, g int, duration, warmup time.Duration, script, client, pre
 	ctx, cancel := context.WithTimeout(context.Background(), warmup+duration+drainTimeout)
 	defer cancel()
 	if err := rdb.Ping(ctx).Err(); err != nil {
-		return Result{}, fmt.Errorf("PING %s: %w", addr, err)
+		return fmt.Errorf("PING %s: %w", addr, err)
 	}
 	iter, err := iteration(scripter, script, prefix)
 	if err != nil {
-		return Result{}, err
+		return err
 	}
 	var run [8]byte
 	_, _ = rand.Read(run[:])
@@ -188,7 +183,7 @@ func run(addr string, g int, duration, warmup time.Duration, script, client, pre
 	select {
 	case <-drained:
 	case <-time.After(drainTimeout):
-		return Result{}, fmt.Errorf("iterations still in flight %v after the window", drainTimeout)
+		return fmt.Errorf("iterations still in flight %v after the window", drainTimeout)
 	}
 	res := Result{
 		Script:     script,
@@ -203,9 +198,14 @@ func run(addr string, g int, duration, warmup time.Duration, script, client, pre
 		res.FirstError = *p
 	}
 	if res.Errors >= maxErrors {
-		return res, fmt.Errorf("%d failed iterations, the first: %s", res.Errors, res.FirstError)
+		return fmt.Errorf("%d failed iterations, the first: %s", res.Errors, res.FirstError)
 	}
-	return res, nil
+	line, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("REDISFLOOR %s\n", line)
+	return nil
 }
 
 // iteration returns one iteration of the mode: what a first request asks of
