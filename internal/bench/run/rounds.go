@@ -53,8 +53,8 @@ func (b *bench) delayGroup(ctx context.Context, delay time.Duration) ([]result, 
 	defer up.p.stop()
 	var out []result
 	for _, wl := range b.cfg.workloads {
-		if wl == "open" || wl == "info" {
-			continue // after the closed-loop workloads, below
+		if wl == "open" || wl == "info" || wl == "floor" {
+			continue // after the closed-loop workloads: below, and floor once for all delays
 		}
 		res := result{workload: wl, delay: delay}
 		for r := 0; r < b.cfg.rounds; r++ {
