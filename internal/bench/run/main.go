@@ -41,11 +41,12 @@ const (
 	exitInterrupted = 130
 )
 
-var allWorkloads = []string{"unique", "replay", "mixed", "nokey", "unique1k", "json1k", "open", "info", "mem"}
+var allWorkloads = []string{"unique", "replay", "mixed", "nokey", "unique1k", "json1k", "open", "info", "floor", "mem"}
 
 // defaultWorkloads is -only's default: about 6 minutes with the other
 // defaults. info is left out (about 90 s more with two delays): it measures a
 // logging setting, not the request path, and is run on its own (-only info).
+// So is floor: it measures Redis alone, not idemproxy against a bare proxy.
 const defaultWorkloads = "unique,replay,mixed,open,mem"
 
 type config struct {
@@ -57,7 +58,7 @@ type config struct {
 	rounds           int
 	conns, threads   int
 	primed           int
-	workloads        []string // workloads to run: the wrk ones in order, then info and open (per delay)
+	workloads        []string // workloads to run: the wrk ones in order, then info and open (per delay), then floor
 	mem              bool     // run the memory checks
 	delays           []time.Duration
 	cpus             map[string]string // wrk, proxy, upstream, redis -> taskset cpu list
@@ -78,6 +79,12 @@ type config struct {
 	slow      time.Duration
 	bigBytes  int64
 	memLimit  int64 // RSS limit of the slow-requests check
+}
+
+// delayed tells whether a workload runs per upstream delay (every one but
+// floor, which needs no upstream).
+func (c *config) delayed() bool {
+	return slices.ContainsFunc(c.workloads, func(w string) bool { return w != "floor" })
 }
 
 type listFlag []string
@@ -140,7 +147,8 @@ func parseFlags(args []string) (*config, int) {
 	only := fs.String("only", defaultWorkloads, "comma-separated workloads: unique, replay, mixed, nokey (no key), mem (memory checks), "+
 		"unique1k and json1k (a ~1 KiB Stripe-event body keyed by the Idempotency-Key header, or by its \"id\" through ROUTES key=json:/id; run both for the comparison of issue 11), "+
 		"open (unique at a fixed rate, open loop: latency added at -open-rate of the bare proxy's unique req/s; issue 14), "+
-		"info (unique through idemproxy at LOG_LEVEL=info against warn, the bench's level: the cost of the default access log; issue 14)")
+		"info (unique through idemproxy at LOG_LEVEL=info against warn, the bench's level: the cost of the default access log; issue 14), "+
+		"floor (the Redis CPU floor of idemproxy's claim and complete scripts, driven straight from Go with Redis alone on its core; once, not per delay; issue 14)")
 	fs.IntVar(&cfg.openRounds, "open-rounds", 0, "open-loop rounds per target and delay (0: -rounds)")
 	fs.DurationVar(&cfg.openDuration, "open-duration", 5*time.Second, "measured duration of one open-loop round")
 	fs.DurationVar(&cfg.openWarmup, "open-warmup", time.Second, "warm-up at the fixed rate before each open-loop round (0 for none)")
@@ -238,7 +246,7 @@ func parseFlags(args []string) (*config, int) {
 	if cfg.duration < time.Second || cfg.warmup < 0 || cfg.rounds < 1 || cfg.conns < 1 || cfg.threads < 1 || cfg.threads > cfg.conns || cfg.primed < 1 || cfg.slowN < 1 {
 		bad = append(bad, "need -duration >= 1s, -warmup >= 0, -rounds >= 1, 1 <= -threads <= -conns, -primed >= 1, -slow-n >= 1")
 	}
-	if len(cfg.workloads) > 0 && len(cfg.delays) == 0 {
+	if cfg.delayed() && len(cfg.delays) == 0 {
 		bad = append(bad, "-delays: none given")
 	}
 	if len(cfg.workloads) == 0 && !cfg.mem {
@@ -283,6 +291,7 @@ type bench struct {
 
 	upstreamBin, bareBin, idemBin string
 	openBin                       string // the fixed-rate generator (internal/bench/openloop)
+	floorBin                      string // the scripts' driver of the floor phase (internal/bench/redisfloor)
 	script, eventTpl              string
 	redisAddr                     string
 	redis                         *proc
@@ -293,6 +302,7 @@ type bench struct {
 	notes    []string          // warnings printed under the table
 	opens    []openResult      // open-loop phases, one per delay
 	infos    []infoResult      // LOG_LEVEL=info phases, one per delay
+	floors   []floorResult     // floor phase, one per mode
 	profiles []string          // -perf reports, printed after the table
 }
 
@@ -313,8 +323,9 @@ func (b *bench) main(ctx context.Context) int {
 		others[o] = true
 	}
 	var results []result
+	stopped := false
 	for _, d := range cfg.delays {
-		if len(cfg.workloads) == 0 {
+		if !cfg.delayed() {
 			break
 		}
 		rs, err := b.delayGroup(ctx, d)
@@ -325,7 +336,19 @@ func (b *bench) main(ctx context.Context) int {
 				return exitError
 			}
 			b.notes = append(b.notes, "run stopped early: "+firstLine(err.Error()))
+			stopped = true
 			break
+		}
+	}
+	// After the delay groups: their upstream is stopped by then, and no
+	// proxy runs, so Redis has its core alone.
+	if slices.Contains(cfg.workloads, "floor") && !stopped && ctx.Err() == nil {
+		if err := b.floorPhase(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			if len(results)+len(b.opens)+len(b.infos)+len(b.floors) == 0 || ctx.Err() != nil {
+				return exitError
+			}
+			b.notes = append(b.notes, "floor phase stopped early: "+firstLine(err.Error()))
 		}
 	}
 	var mem []memResult
@@ -417,11 +440,12 @@ func (b *bench) setup(ctx context.Context) error {
 	}
 	b.affinity = map[string]string{}
 
-	logf("building fake upstream, bare proxy and fixed-rate generator")
-	if err := goBuild(ctx, repo, cfg.workdir, "./internal/bench/upstream", "./internal/bench/bareproxy", "./internal/bench/openloop"); err != nil {
+	logf("building fake upstream, bare proxy, fixed-rate generator and Redis floor driver")
+	if err := goBuild(ctx, repo, cfg.workdir, "./internal/bench/upstream", "./internal/bench/bareproxy", "./internal/bench/openloop", "./internal/bench/redisfloor"); err != nil {
 		return err
 	}
 	b.openBin = filepath.Join(cfg.workdir, "openloop")
+	b.floorBin = filepath.Join(cfg.workdir, "redisfloor")
 	b.upstreamBin = filepath.Join(cfg.workdir, "upstream")
 	b.bareBin = filepath.Join(cfg.workdir, "bareproxy")
 	switch {
@@ -432,6 +456,8 @@ func (b *bench) setup(ctx context.Context) error {
 		if b.idemBin, err = filepath.Abs(cfg.idemBin); err != nil {
 			return err
 		}
+	case !cfg.delayed() && !cfg.mem:
+		// -only floor runs no proxy: the claim package is built into redisfloor.
 	default:
 		logf("building idemproxy from %s", repo)
 		b.idemBin = filepath.Join(cfg.workdir, "idemproxy")
@@ -614,8 +640,10 @@ func logf(format string, args ...any) {
 }
 
 // noteAffinity records the cpus the kernel lets p run on, for the report.
-func (b *bench) noteAffinity(role string, p *proc) {
-	b2, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.pid()))
+func (b *bench) noteAffinity(role string, p *proc) { b.notePidAffinity(role, p.pid()) }
+
+func (b *bench) notePidAffinity(role string, pid int) {
+	b2, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return
 	}

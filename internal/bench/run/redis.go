@@ -66,6 +66,39 @@ func redisInfoField(info, name string) string {
 	return ""
 }
 
+// redisCounters are the INFO counters the bench compares across a window.
+type redisCounters struct {
+	reads    int64            // total_reads_processed: socket reads, each carrying one or more commands
+	commands int64            // total_commands_processed, commands run inside scripts included
+	calls    map[string]int64 // INFO commandstats calls per command
+}
+
+// readRedisCounters reads them with one INFO, so that a snapshot adds one
+// command to the next one's figures, not one per section.
+func readRedisCounters(addr string) (redisCounters, error) {
+	info, err := redisDo(addr, "INFO", "all")
+	if err != nil {
+		return redisCounters{calls: map[string]int64{}}, err
+	}
+	return parseRedisCounters(info)
+}
+
+func parseRedisCounters(info string) (redisCounters, error) {
+	c := redisCounters{calls: parseCommandStats(info)}
+	for _, f := range []struct {
+		name string
+		v    *int64
+	}{{"total_reads_processed", &c.reads}, {"total_commands_processed", &c.commands}} {
+		v := redisInfoField(info, f.name)
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return c, fmt.Errorf("redis INFO: %s is %q", f.name, v)
+		}
+		*f.v = n
+	}
+	return c, nil
+}
+
 // parseCommandStats turns INFO commandstats into calls per command
 // ("cmdstat_evalsha:calls=12,usec=..." -> evalsha: 12).
 func parseCommandStats(info string) map[string]int64 {

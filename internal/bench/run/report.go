@@ -109,7 +109,7 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 			}
 			below = append(below, extra)
 			if c := cmdsLine(r.idem); c != "" {
-				cmds = append(cmds, fmt.Sprintf("%-6s delay %-4s %s", r.workload, delay, c))
+				cmds = append(cmds, fmt.Sprintf("%-6s delay %-4s %s%s", r.workload, delay, c, readsLine(r.idem)))
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s/bare\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t\t\t\t\n", r.workload, delay, idemName,
 				rs["req/s"], rs["p50"], rs["p99"], rs["cpu"], rs["rss"])
@@ -126,7 +126,8 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 			}
 		}
 		if len(cmds) > 0 {
-			fmt.Fprintln(w, "\nRedis commands per request through "+idemName+" (INFO commandstats, medians; calls made inside Lua scripts count too):")
+			fmt.Fprintln(w, "\nRedis commands per request through "+idemName+" (INFO commandstats, medians; calls made inside Lua scripts count too),")
+			fmt.Fprintln(w, "and Redis socket reads per request (INFO stats total_reads_processed; each read carries one command or a pipelined batch):")
 			for _, l := range cmds {
 				fmt.Fprintln(w, "  "+l)
 			}
@@ -142,7 +143,7 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 			fmt.Fprintln(w, l)
 		}
 	}
-	for _, sec := range [][]string{infoReport(b.infos, cfg), openReport(b.opens, cfg, idemName)} {
+	for _, sec := range [][]string{infoReport(b.infos, cfg), openReport(b.opens, cfg, idemName), floorReport(b.floors, cfg, b.affinity)} {
 		if len(sec) > 0 {
 			fmt.Fprintln(w)
 			for _, l := range sec {
@@ -180,6 +181,10 @@ func (b *bench) coresLine() string {
 			return a
 		}
 		return "?"
+	}
+	if !b.cfg.delayed() && !b.cfg.mem { // -only floor: no proxy, no upstream, no wrk
+		return fmt.Sprintf("redisfloor pinned to cpu %s, redis-server alone on cpu %s (taskset -c; affinity read back from /proc: redisfloor %s, redis %s); "+
+			"redisfloor sizes GOMAXPROCS from its affinity; the driver waits on its core.", c["wrk"], c["redis"], seen("redisfloor"), seen("redis"))
 	}
 	s := fmt.Sprintf("wrk (%d thread) pinned to cpu %s; proxy under test on cpu %s, upstream on cpu %s, redis-server on cpu %s "+
 		"(taskset -c; affinity read back from /proc: proxy %s, upstream %s, redis %s)",
@@ -259,6 +264,18 @@ func cmdsLine(ss []sample) string {
 		parts[i] = fmt.Sprintf("%s %.2f", c.name, c.v)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// readsLine is the median Redis reads per request over rounds and the
+// scripts (EVALSHA, EVAL) per read they give, the pipeline depth Redis saw,
+// as "; reads 0.31 (6.5 scripts per read)"; "" without reads.
+func readsLine(ss []sample) string {
+	reads := median(ss, func(s sample) float64 { return s.redisReads })
+	if reads <= 0 {
+		return ""
+	}
+	scripts := median(ss, func(s sample) float64 { return s.redisCmds["evalsha"] + s.redisCmds["eval"] })
+	return fmt.Sprintf("; reads %.2f (%.1f scripts per read)", reads, scripts/reads)
 }
 
 // eventWorkloadsLine describes the requests of the event workloads selected,

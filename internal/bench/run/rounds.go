@@ -30,6 +30,7 @@ type sample struct {
 	proxyCPUBusyPct   float64            // busy share of the proxy's cpu in the window, -1 if unknown
 	wrkCPUBusyPct     float64            // same for wrk's cpu
 	redisCmds         map[string]float64 // Redis commands per request (INFO commandstats), script-internal calls included
+	redisReads        float64            // Redis socket reads per request (INFO stats total_reads_processed)
 	stealPct          float64
 	wrkPct            float64 // wrk's own CPU time, % of one core over the window
 	otherPct          float64 // CPU of every process but ours, % of one core (the noise)
@@ -52,8 +53,8 @@ func (b *bench) delayGroup(ctx context.Context, delay time.Duration) ([]result, 
 	defer up.p.stop()
 	var out []result
 	for _, wl := range b.cfg.workloads {
-		if wl == "open" || wl == "info" {
-			continue // after the closed-loop workloads, below
+		if wl == "open" || wl == "info" || wl == "floor" {
+			continue // after the closed-loop workloads: below, and floor once for all delays
 		}
 		res := result{workload: wl, delay: delay}
 		for r := 0; r < b.cfg.rounds; r++ {
@@ -188,12 +189,13 @@ func (b *bench) round(ctx context.Context, up *upstream, wl, kind string, r int,
 		redisCmds:       map[string]float64{},
 	}
 	smp.proxyCPUBusyPct, smp.wrkCPUBusyPct = s1.coreBusy(s0)
-	s1.cmds["info"]-- // the driver's own INFO before the window
-	for c, n := range s1.cmds {
-		if d := n - s0.cmds[c]; d > 0 {
+	s1.red.calls["info"]-- // the driver's own INFO before the window
+	for c, n := range s1.red.calls {
+		if d := n - s0.red.calls[c]; d > 0 {
 			smp.redisCmds[c] = float64(d) / float64(res.requests)
 		}
 	}
+	smp.redisReads = float64(s1.red.reads-s0.red.reads) / float64(res.requests)
 	smp.stealPct, smp.wrkPct, smp.otherPct = b.noise(s0, s1, res.cpu)
 	smp.logBytes = float64(s1.logBytes-s0.logBytes) / float64(res.requests)
 	return smp, nil
@@ -205,8 +207,8 @@ type snap struct {
 	self                   int64 // the driver's own
 	hits, conns            int64 // upstream counters
 	core, wrkCore, all     cpuTimes
-	cmds                   map[string]int64 // Redis INFO commandstats calls
-	logBytes               int64            // size of the proxy's stdout+stderr log
+	red                    redisCounters // Redis INFO counters
+	logBytes               int64         // size of the proxy's stdout+stderr log
 }
 
 // snapshot reads the counters of target t, Redis, the upstream and the cpus.
@@ -232,9 +234,7 @@ func (b *bench) snapshot(t *target, up *upstream) (snap, error) {
 	if c := cpuLine("wrk"); c != "" {
 		s.wrkCore, _ = readCPUTimes(c)
 	}
-	var info string
-	info, e[4] = redisDo(b.redisAddr, "INFO", "commandstats")
-	s.cmds = parseCommandStats(info)
+	s.red, e[4] = readRedisCounters(b.redisAddr)
 	s.all, _ = readCPUTimes("cpu")
 	if fi, err := os.Stat(t.p.log); err == nil {
 		s.logBytes = fi.Size()

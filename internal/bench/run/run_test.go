@@ -108,8 +108,15 @@ func TestParseFlags(t *testing.T) {
 	if code >= 0 || !slices.Equal(cfg.workloads, []string{"open", "info"}) || cfg.openRounds != 3 || cfg.openDuration != 2*time.Second {
 		t.Errorf("-quick -only open,info -rounds 3: code %d, workloads %q, open rounds %d duration %v", code, cfg.workloads, cfg.openRounds, cfg.openDuration)
 	}
+	cfg, code = parseFlags([]string{"-only", "floor", "-delays", ""})
+	if code >= 0 || !slices.Equal(cfg.workloads, []string{"floor"}) || cfg.mem || cfg.delayed() {
+		t.Errorf("-only floor without delays: code %d, workloads %q, mem %v, delayed %v", code, cfg.workloads, cfg.mem, cfg.delayed())
+	}
+	if cfg, _ := parseFlags([]string{"-only", "unique,floor"}); !cfg.delayed() {
+		t.Error("-only unique,floor: want delayed (unique runs per delay)")
+	}
 	for _, bad := range [][]string{{"-only", "nope"}, {"-delays", "x"}, {"-cpus", "wrk=0"}, {"-idem-env", "NOEQUALS"}, {"-rounds", "0"},
-		{"-open-rate", "0"}, {"-open-duration", "500ms"}, {"-open-rounds", "-1"}} {
+		{"-open-rate", "0"}, {"-open-duration", "500ms"}, {"-open-rounds", "-1"}, {"-only", "unique,floor", "-delays", ""}} {
 		if _, code := parseFlags(bad); code != exitUsage {
 			t.Errorf("parseFlags(%q): exit code %d, want %d", bad, code, exitUsage)
 		}
@@ -396,5 +403,129 @@ func TestOtherBenches(t *testing.T) {
 	}
 	if got := otherBenches(dir); slices.Contains(got, want) {
 		t.Errorf("our own workdir: got %q, want %q left out", got, want)
+	}
+}
+
+func TestParseRedisCounters(t *testing.T) {
+	info := "# Stats\r\ntotal_connections_received:3\r\ntotal_commands_processed:427111\r\ninstantaneous_ops_per_sec:0\r\n" +
+		"total_reads_processed:31669\r\n\r\n# Commandstats\r\ncmdstat_evalsha:calls=12,usec=30,usec_per_call=2.50,rejected_calls=0,failed_calls=0\r\n"
+	got, err := parseRedisCounters(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.reads != 31669 || got.commands != 427111 || got.calls["evalsha"] != 12 {
+		t.Errorf("got %+v", got)
+	}
+	if _, err := parseRedisCounters("# Stats\r\ntotal_commands_processed:1\r\n"); err == nil {
+		t.Error("no total_reads_processed (a Redis before 6.0): no error")
+	}
+}
+
+func TestReadsLine(t *testing.T) {
+	ss := []sample{
+		{redisReads: 0.25, redisCmds: map[string]float64{"evalsha": 2, "hset": 1}},
+		{redisReads: 0.5, redisCmds: map[string]float64{"evalsha": 2, "eval": 0.01}},
+		{redisReads: 0.4, redisCmds: map[string]float64{"evalsha": 2}},
+	}
+	if got, want := readsLine(ss), "; reads 0.40 (5.0 scripts per read)"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if got := readsLine([]sample{{redisCmds: map[string]float64{"evalsha": 2}}}); got != "" {
+		t.Errorf("no reads: got %q, want none", got)
+	}
+}
+
+func TestParseFloorLine(t *testing.T) {
+	out := "MEASURE\nREDISFLOOR {\"script\":\"scripts\",\"client\":\"auto\",\"goroutines\":64,\"iterations\":9214," +
+		"\"elapsed_us\":1005835,\"cpu_us\":377058,\"errors\":2,\"first_error\":\"claim: i/o timeout\"}\n"
+	l, err := parseFloorLine(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := floorLine{Script: "scripts", Client: "auto", Goroutines: 64, Iterations: 9214, ElapsedUs: 1005835, CPUUs: 377058, Errors: 2, FirstError: "claim: i/o timeout"}
+	if l != want {
+		t.Errorf("got %+v, want %+v", l, want)
+	}
+	for _, bad := range []string{
+		"MEASURE\n",
+		"REDISFLOOR {\n",
+		`REDISFLOOR {"script":"scripts","client":"auto","goroutines":64,"iterations":0,"elapsed_us":1,"cpu_us":1}` + "\n",
+		`REDISFLOOR {"script":"scripts","client":"auto","goroutines":64,"iterations":5,"elapsed_us":0,"cpu_us":1}` + "\n",
+		`REDISFLOOR {"client":"auto","goroutines":64,"iterations":5,"elapsed_us":1,"cpu_us":1}` + "\n",
+	} {
+		if _, err := parseFloorLine(bad); err == nil {
+			t.Errorf("parseFloorLine(%q): no error", bad)
+		}
+	}
+}
+
+func TestFloorSampleOf(t *testing.T) {
+	b := &bench{clkTck: 100, ncpu: 2}
+	// 4 s, 100,000 iterations; Redis 240 ticks (2.4 s), 20,000 reads,
+	// 600,000 commands besides s0's INFO, 200,001 EVALSHA and one EVAL;
+	// redisfloor 2 s of CPU; the machine's 2 cpus 800 ticks (4 s each), of
+	// which 120 busy in processes not ours.
+	s0 := floorSnap{redis: 1000, self: 50, all: cpuTimes{busy: 5000, total: 10000},
+		red: redisCounters{reads: 100, commands: 1000, calls: map[string]int64{"evalsha": 10}}}
+	s1 := floorSnap{redis: 1240, self: 51, all: cpuTimes{busy: 5000 + 240 + 1 + 200 + 120, total: 10000 + 800},
+		red: redisCounters{reads: 20100, commands: 1000 + 1 + 600000, calls: map[string]int64{"evalsha": 200011, "eval": 1}}}
+	l := floorLine{Script: "scripts", Client: "auto", Goroutines: 64, Iterations: 100000, ElapsedUs: 4_000_000, CPUUs: 2_000_000}
+	got := b.floorSampleOf(l, s0, s1)
+	want := floorSample{iterPerSec: 25000, redisUs: 24, redisBusyPct: 60, readsPerIter: 0.2, cmdsPerRead: 30, scriptsPerRead: 10.0001,
+		driverPct: 50, otherPct: 30, iterations: 100000}
+	near := func(a, b float64) bool { return a-b < 1e-6 && b-a < 1e-6 }
+	if !near(got.iterPerSec, want.iterPerSec) || !near(got.redisUs, want.redisUs) || !near(got.redisBusyPct, want.redisBusyPct) ||
+		!near(got.readsPerIter, want.readsPerIter) || !near(got.cmdsPerRead, want.cmdsPerRead) || !near(got.scriptsPerRead, want.scriptsPerRead) ||
+		!near(got.driverPct, want.driverPct) || !near(got.otherPct, want.otherPct) || got.iterations != want.iterations {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+}
+
+func TestFloorReport(t *testing.T) {
+	cfg, code := parseFlags([]string{"-only", "floor", "-rounds", "3"})
+	if code >= 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	smp := func(rate, us, driver float64) floorSample {
+		return floorSample{iterPerSec: rate, redisUs: us, redisBusyPct: rate * us / 1e4, readsPerIter: 0.2, cmdsPerRead: 30, scriptsPerRead: 10, driverPct: driver, otherPct: 5}
+	}
+	floors := []floorResult{
+		{mode: floorModes[0], samples: []floorSample{smp(40000, 24.4, 60), smp(41000, 23.9, 62), smp(39000, 25.0, 61)}},
+		{mode: floorModes[1], samples: []floorSample{smp(190000, 3.1, 97), smp(185000, 3.3, 96), smp(188000, 3.2, 80)}},
+		{mode: floorModes[2], samples: []floorSample{smp(30000, 40.0, 70), {iterPerSec: 29000, redisUs: 41, errors: 3, firstError: "claim x: i/o timeout"}, smp(31000, 39.0, 70)}},
+	}
+	got := strings.Join(floorReport(floors, cfg, map[string]string{"redis": "1", "redisfloor": "0"}), "\n")
+	for _, want := range []string{
+		"redisfloor runs 64 goroutines (-conns)",
+		"redisfloor on cpu 0, redis-server on cpu 1 (affinity read back: 0, 1)",
+		"medians of 3 round(s)",
+		"floor  idemproxy's scripts, pipelined as it sends them: 24.4 µs of Redis CPU per first request; issue 14 target ≤ 15 µs: MISSED at the floor; " +
+			"any two scripts, same pipelining: 3.2 µs; idemproxy's scripts on pooled connections: 40.0 µs.",
+		"NOTE: floor auto+return1 round 1: redisfloor used 97% of its core (Redis 59% of its own): the driver, not Redis, set the pace",
+		"NOTE: floor plain+scripts round 2: 3 failed iteration(s), the first: claim x: i/o timeout",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
+	}
+	for _, re := range []string{
+		`auto\+scripts\s+40000\s+24\.4\s+98%\s+0\.20\s+30\.0\s+10\.0\s+61%\s+5%\s+0\n`,
+		`auto\+return1\s+188000\s+3\.2\s+60%\s+0\.20\s+30\.0\s+10\.0\s+96%\s+5%\s+0\n`,
+		`plain\+scripts\s+30000\s+40\.0\s+\d+%\s+0\.20\s+30\.0\s+10\.0\s+70%\s+5%\s+3\n`,
+	} {
+		if !regexp.MustCompile(re).MatchString(got) {
+			t.Errorf("no row matching %s:\n%s", re, got)
+		}
+	}
+	if strings.Count(got, "redisfloor used") != 2 || strings.Contains(got, "share cpu") {
+		t.Errorf("want exactly the two rounds over 90%% flagged and no shared-core note:\n%s", got)
+	}
+	cfg.cpus["redis"] = cfg.cpus["wrk"]
+	if got := strings.Join(floorReport(floors[:1], cfg, nil), "\n"); !strings.Contains(got, "NOTE: redis-server and redisfloor share cpu 0") ||
+		!strings.Contains(got, "(affinity read back: ?, ?)") || strings.Contains(got, "any two scripts") {
+		t.Errorf("one mode, shared core:\n%s", got)
+	}
+	if floorReport(nil, cfg, nil) != nil {
+		t.Error("no floor results: want no section")
 	}
 }
