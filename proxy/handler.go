@@ -144,10 +144,19 @@ func New(store Store, opts Options) (*Handler, error) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			h.rewrite(pr)
 			switch {
-			case pr.Out.Body == nil:
+			case pr.Out.Body == nil && replayableMethod(pr.Out.Method):
 				// ReverseProxy sends an empty body as nil, and the Transport then
 				// resends a written GET/HEAD/OPTIONS/TRACE without asking GetBody.
+				// A non-nil empty body makes it ask; for these methods the
+				// Transport probes it and sends no length, as for nil.
 				pr.Out.Body = io.NopCloser(strings.NewReader(""))
+			case pr.Out.Body == nil:
+				// POST, PUT, PATCH...: NoBody keeps "Content-Length: 0" (a non-nil
+				// empty body has an unknown length, sent chunked, which upstreams
+				// that require a length refuse), and the Transport never resends
+				// these without a canonical Idempotency-Key header, which
+				// hideIdempotencyKey takes away.
+				pr.Out.Body = http.NoBody
 			case pr.In.ContentLength > 0:
 				// A keyed body is in memory (exchange). ReverseProxy hides it
 				// behind a wrapper the Transport cannot recognise, and the
@@ -173,6 +182,17 @@ func New(store Store, opts Options) (*Handler, error) {
 		}
 	}
 	return h, nil
+}
+
+// replayableMethod: the methods net/http's Transport resends on a failed
+// pooled connection without asking GetBody when the body is nil or NoBody
+// (Request.isReplayable).
+func replayableMethod(m string) bool {
+	switch m {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
 }
 
 // rewrite is the outgoing request of both forwarding paths.
