@@ -23,6 +23,13 @@ type resetConn struct {
 	armed *atomic.Bool
 }
 
+// NetConn names the connection under resetConn, as crypto/tls does: the
+// proxy judges "nothing written" by the bytes that reached the socket of
+// the connection NewTransport dialed (its write counter, under this
+// layer), and refuses a resend through a layer that hides it. resetConn
+// stands for the socket failing, under every layer.
+func (c resetConn) NetConn() net.Conn { return c.Conn }
+
 func (c resetConn) Write(p []byte) (int, error) {
 	if c.armed.CompareAndSwap(true, false) {
 		return 0, &net.OpError{Op: "write", Net: "tcp", Addr: c.RemoteAddr(), Err: syscall.ECONNRESET}
