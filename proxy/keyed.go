@@ -40,7 +40,11 @@ type exchange struct {
 	clientErr error
 	upErr     error
 	gotConn   atomic.Bool // a connection was obtained: the request may have left
-	sent      atomic.Bool // the request's headers were written
+	sent      atomic.Bool // the request's headers were written (to the Transport's buffer)
+	// The connection of the current attempt, when NewTransport dialed it,
+	// and its write count when the attempt got it (see rewind).
+	conn      atomic.Pointer[countingConn]
+	connMark  atomic.Int64
 	keep      savedHeaders
 	onHeaders func() // arms the slow-client write deadline
 	arm       func() // arms the ordinary write deadline (for 1xx answers)
@@ -109,6 +113,52 @@ func (ex *exchange) FlushError() error {
 	return nil
 }
 
+// gotConnection is the trace's GotConn: the Transport got a connection for
+// an attempt (each attempt gets its own, a resend too), and the request may
+// leave from now on.
+func (ex *exchange) gotConnection(info httptrace.GotConnInfo) {
+	ex.gotConn.Store(true)
+	c := writeCounter(info.Conn)
+	if c != nil {
+		ex.connMark.Store(c.written())
+	}
+	ex.conn.Store(c)
+}
+
+// rewind reports whether the request may be sent again, on a new
+// connection, after the attempt on the last connection failed: the
+// Transport asks it (through GetBody) before any resend. It may only when
+// not one byte reached that connection's socket since the attempt got it.
+// Then the upstream has nothing of this request, and the attempt is
+// forgotten: the request has not left, so a resend that gets no connection
+// is "not sent" again. A short write, TLS records, even the close_notify
+// crypto/tls sends as the Transport closes the connection: all count as
+// written, and the request may have been executed. On a connection that
+// does not count its writes (a Transport that does not dial through
+// NewTransport), it may only before the request reached the Transport's
+// buffer (WroteHeaders): in practice never, as before.
+//
+// It guards whatever the Transport's reason to resend: a nothing-written
+// error on a reused connection (the Transport's own count, which a layer
+// such as crypto/tls may report as 0 after part of a record left), and the
+// read errors on which the Transport resends, after writing it, a request
+// it deems replayable (GET, HEAD, OPTIONS, TRACE, or an Idempotency-Key
+// header in canonical form).
+func (ex *exchange) rewind() bool {
+	c := ex.conn.Swap(nil)
+	if c == nil {
+		return !ex.sent.Load()
+	}
+	// The Transport asks once the connection's write loop has returned and
+	// the connection is closed; a write still under way would show anyway.
+	if c.written() != ex.connMark.Load() {
+		return false
+	}
+	ex.sent.Store(false)
+	ex.gotConn.Store(false)
+	return true
+}
+
 func (ex *exchange) upstreamResponse(res *http.Response) {
 	ex.status = res.StatusCode
 	ex.header = res.Header
@@ -150,7 +200,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 		ctx, upSpan = h.startUpstreamSpan(ctx, r.Method)
 	}
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		GotConn:      func(httptrace.GotConnInfo) { ex.gotConn.Store(true) },
+		GotConn:      ex.gotConnection,
 		WroteHeaders: func() { ex.sent.Store(true) },
 	})
 	out := r.WithContext(ctx)
@@ -163,10 +213,11 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 		out.Header = out.Header.Clone()
 		out.Header.Del("Expect")
 	}
-	// Lets the transport resend on a pooled connection that the upstream had
-	// already closed before anything was written to it; never after.
+	// Lets the transport resend on a new connection when a pooled one that
+	// the upstream had already closed failed before a byte was written to
+	// it; never after (rewind).
 	out.GetBody = func() (io.ReadCloser, error) {
-		if ex.sent.Load() {
+		if !ex.rewind() {
 			return nil, errRequestSent
 		}
 		return bodyReader(body), nil
