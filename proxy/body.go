@@ -24,7 +24,7 @@ var chunkPool = sync.Pool{New: func() any { b := make([]byte, bodyChunk); return
 var errBodyTimeout = errors.New("request body not received within REQUEST_READ_TIMEOUT")
 
 // readBody reads a keyed request's body, at most limit bytes, within
-// timeout. It holds at most what has arrived plus one chunk until the body is
+// timeout (rc: the request's ResponseController, which sets the read deadline). It holds at most what has arrived plus one chunk until the body is
 // complete, then copies it into one slice of its real size. When the body is
 // too large, it returns what it consumed with the error (at most limit plus
 // one read), so that observe mode can still forward it whole.
@@ -32,14 +32,13 @@ var errBodyTimeout = errors.New("request body not received within REQUEST_READ_T
 // perRead (observe mode) bounds each read by timeout instead of the whole
 // body, as for a pass-through body: observe must not refuse a body that a
 // proxy without idempotency would have forwarded.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.Duration, perRead bool) ([]byte, error) {
+func readBody(rc *http.ResponseController, r *http.Request, limit int64, timeout time.Duration, perRead bool) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
 	if r.ContentLength > limit {
 		return nil, &http.MaxBytesError{Limit: limit} // nothing read
 	}
-	rc := http.NewResponseController(w)
 	if err := rc.SetReadDeadline(time.Now().Add(timeout)); err == nil {
 		// Cleared for the next request on this connection; a connection
 		// whose body timed out is closed by the server anyway.

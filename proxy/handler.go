@@ -343,7 +343,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if ks.needsBody {
 			// The key is in the body: it is read (and MAX_BODY_BYTES applies)
 			// before the key, whether or not it holds one.
-			if body, err = readBody(w, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout, pol.Observe); err != nil {
+			if body, err = readBody(res.rc, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout, pol.Observe); err != nil {
 				h.refuse(w, r, &res, h.bodyAnswer(err, pol), pol, body)
 				return
 			}
@@ -373,7 +373,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header()[h.opts.KeyHeader] = r.Header.Values(h.opts.KeyHeader)
 	}
 	if !bodyRead {
-		if body, err = readBody(w, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout, pol.Observe); err != nil {
+		if body, err = readBody(res.rc, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout, pol.Observe); err != nil {
 			h.refuse(w, r, &res, h.bodyAnswer(err, pol), pol, body)
 			return
 		}

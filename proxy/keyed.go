@@ -8,6 +8,7 @@ import (
 	"mime"
 	"net/http"
 	"net/http/httptrace"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -170,7 +171,11 @@ func (ex *exchange) upstreamResponse(res *http.Response) {
 }
 
 func isEventStream(ct string) bool {
-	if ct == "" {
+	// Parsing allocates; an answer whose type does not begin with it is
+	// not one (ParseMediaType trims only spaces before the type).
+	const es = "text/event-stream"
+	ct = strings.TrimLeft(ct, " \t")
+	if len(ct) < len(es) || !strings.EqualFold(ct[:len(es)], es) {
 		return false
 	}
 	mt, _, err := mime.ParseMediaType(ct)

@@ -1,0 +1,24 @@
+package proxy
+
+import "testing"
+
+// isEventStream decides whether a keyed answer streams (recorded without
+// its body); its allocation-free pre-check must agree with the media type.
+func TestIsEventStream(t *testing.T) {
+	for ct, want := range map[string]bool{
+		"text/event-stream":                  true,
+		"Text/Event-Stream":                  true,
+		"text/event-stream; charset=utf-8":   true,
+		"  text/event-stream":                true,
+		"\ttext/event-stream ;charset=utf-8": true,
+		"text/event-streamx":                 false,
+		"text/event-strea":                   false,
+		"application/json":                   false,
+		"":                                   false,
+		"text/event-stream;;":                false, // malformed: not parsed as one
+	} {
+		if got := isEventStream(ct); got != want {
+			t.Errorf("isEventStream(%q) = %v, want %v", ct, got, want)
+		}
+	}
+}
