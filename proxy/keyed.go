@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/rs/zerolog/hlog"
 	"go.opentelemetry.io/otel/trace"
@@ -44,11 +45,13 @@ type exchange struct {
 	sent      atomic.Bool // the request's headers were written (to the Transport's buffer)
 	// The connection of the current attempt, when NewTransport dialed it,
 	// and its write count when the attempt got it (see rewind).
-	conn      atomic.Pointer[countingConn]
-	connMark  atomic.Int64
-	keep      savedHeaders
-	onHeaders func() // arms the slow-client write deadline
-	arm       func() // arms the ordinary write deadline (for 1xx answers)
+	conn     atomic.Pointer[countingConn]
+	connMark atomic.Int64
+	// An earlier attempt may have left (see gotConnection).
+	leftBefore atomic.Bool
+	keep       savedHeaders
+	onHeaders  func() // arms the slow-client write deadline
+	arm        func() // arms the ordinary write deadline (for 1xx answers)
 }
 
 var capturePool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -118,6 +121,15 @@ func (ex *exchange) FlushError() error {
 // an attempt (each attempt gets its own, a resend too), and the request may
 // leave from now on.
 func (ex *exchange) gotConnection(info httptrace.GotConnInfo) {
+	if ex.gotConn.Load() {
+		// A resend the Transport made without asking GetBody (an empty body
+		// goes as NoBody, which it resends on a nothing-written error without
+		// rewinding): the earlier attempt's connection says whether the
+		// request may have left already; unknown (not counted) means it may.
+		if prev := ex.conn.Load(); prev == nil || prev.written() != ex.connMark.Load() {
+			ex.leftBefore.Store(true)
+		}
+	}
 	ex.gotConn.Store(true)
 	c := writeCounter(info.Conn)
 	if c != nil {
@@ -160,6 +172,22 @@ func (ex *exchange) rewind() bool {
 	return true
 }
 
+// left reports, once the Transport has returned an error, whether the
+// request may have reached the upstream: a connection was obtained and, if
+// it counts its writes, a byte reached its socket since the attempt got it
+// (or an earlier attempt's did). net/http returns a round trip's error only
+// after that connection's write loop has ended, so the count is final.
+func (ex *exchange) left() bool {
+	if ex.leftBefore.Load() {
+		return true
+	}
+	if !ex.gotConn.Load() {
+		return false
+	}
+	c := ex.conn.Load()
+	return c == nil || c.written() != ex.connMark.Load()
+}
+
 func (ex *exchange) upstreamResponse(res *http.Response) {
 	ex.status = res.StatusCode
 	ex.header = res.Header
@@ -172,9 +200,9 @@ func (ex *exchange) upstreamResponse(res *http.Response) {
 
 func isEventStream(ct string) bool {
 	// Parsing allocates; an answer whose type does not begin with it is
-	// not one (ParseMediaType trims only spaces before the type).
+	// not one (ParseMediaType trims white space, Unicode's included, first).
 	const es = "text/event-stream"
-	ct = strings.TrimLeft(ct, " \t")
+	ct = strings.TrimLeftFunc(ct, unicode.IsSpace)
 	if len(ct) < len(es) || !strings.EqualFold(ct[:len(es)], es) {
 		return false
 	}
@@ -250,7 +278,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	}
 
 	if ex.upErr != nil {
-		a := upstreamAnswer(ex.upErr, !ex.gotConn.Load() || isDialError(ex.upErr))
+		a := upstreamAnswer(ex.upErr, !ex.left() || (isDialError(ex.upErr) && !ex.leftBefore.Load()))
 		lg.Warn().Err(ex.upErr).Str("key_hash", res.keyHash).Int("status", a.status).Msg("upstream request failed")
 		switch {
 		case a.outcome == outcomeReleased:

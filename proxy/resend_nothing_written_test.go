@@ -135,8 +135,27 @@ func TestResendNeverOnceBytesReachedTheSocket(t *testing.T) {
 			if r := e.do(req{body: "warm"}); r.StatusCode != http.StatusCreated {
 				t.Fatalf("warm-up: status %d", r.StatusCode)
 			}
+			// The copy that reaches the upstream whole is held until the proxy
+			// has answered: its own 201 must not beat the write error (it would
+			// be a legitimate answer on the first connection). A resent copy
+			// would be answered at once.
+			release := make(chan struct{})
+			var once sync.Once
+			open := func() { once.Do(func() { close(release) }) }
+			t.Cleanup(open)
+			var calls atomic.Int64
+			e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("Idempotency-Key") == "sent-1" && calls.Add(1) == 1 {
+					select {
+					case <-release:
+					case <-time.After(5 * time.Second):
+					}
+				}
+				e.created(w, r)
+			})
 			f.armed.Store(true)
 			r := e.do(req{key: "sent-1", body: resendBody})
+			open()
 			t.Logf("client got %d %s (dials %d)", r.StatusCode, r.body, f.dials.Load())
 			if r.StatusCode != http.StatusBadGateway || problemType(t, r) != typeFailed {
 				t.Errorf("status %d %s, want 502 %s: the request may have been executed", r.StatusCode, r.body, typeFailed)
@@ -168,8 +187,9 @@ func TestResendNeverOnceBytesReachedTheSocket(t *testing.T) {
 }
 
 // TestResendNotOnAFreshConnection: a fresh connection whose first write
-// fails is not retried by the Transport; the answer is the conservative
-// one it always was.
+// fails is not retried by the Transport. Not a byte reached its socket (the
+// proxy counts them), so the request never left: the claim is released and
+// the client's retry executes, once.
 func TestResendNotOnAFreshConnection(t *testing.T) {
 	f := &fault{mode: faultNothing}
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
@@ -177,8 +197,8 @@ func TestResendNotOnAFreshConnection(t *testing.T) {
 	})
 	f.armed.Store(true)
 	r := e.do(req{key: "fresh-1", body: resendBody})
-	if r.StatusCode != http.StatusBadGateway || problemType(t, r) != typeFailed {
-		t.Errorf("status %d %s, want 502 %s", r.StatusCode, r.body, typeFailed)
+	if r.StatusCode != http.StatusBadGateway || problemType(t, r) != typeUnreachable {
+		t.Errorf("status %d %s, want 502 %s: nothing was sent", r.StatusCode, r.body, typeUnreachable)
 	}
 	if n := f.dials.Load(); n != 1 {
 		t.Errorf("%d dials, want 1: the Transport retries on reused connections only", n)
@@ -186,8 +206,11 @@ func TestResendNotOnAFreshConnection(t *testing.T) {
 	if n := e.upstream.KeyCalls("fresh-1"); n != 0 {
 		t.Errorf("upstream executed key fresh-1 %d times, want 0", n)
 	}
-	if r2 := e.do(req{key: "fresh-1", body: resendBody}); r2.StatusCode != http.StatusConflict {
-		t.Errorf("client retry: %d %s, want 409", r2.StatusCode, r2.body)
+	if r2 := e.do(req{key: "fresh-1", body: resendBody}); r2.StatusCode != http.StatusCreated || r2.Header.Get("Idempotent-Replayed") == "true" {
+		t.Errorf("client retry: %d replayed=%q %s, want it executed (201)", r2.StatusCode, r2.Header.Get("Idempotent-Replayed"), r2.body)
+	}
+	if n := e.upstream.KeyCalls("fresh-1"); n != 1 {
+		t.Errorf("upstream executed key fresh-1 %d times, want 1", n)
 	}
 }
 
