@@ -210,7 +210,11 @@ func NewKey(scope []string, key string) Key {
 
 // String is the hash in hex, as logged (key_hash) and as `idemproxy keys`
 // takes it: never the key itself.
-func (k Key) String() string { return hex.EncodeToString(k[:]) }
+func (k Key) String() string {
+	var buf [2 * sha256.Size]byte // one allocation, the string's; EncodeToString makes two
+	hex.Encode(buf[:], k[:])
+	return string(buf[:])
+}
 
 // Fingerprint is the SHA-256 of what makes two requests "the same".
 type Fingerprint [sha256.Size]byte

@@ -139,8 +139,11 @@ func joinChunks(chunks []*[]byte, total int64) []byte {
 }
 
 func isTimeout(err error) bool {
+	if err == nil {
+		return false // before the target: errors.As makes it escape, an allocation per call
+	}
 	var ne net.Error
-	return err != nil && errors.As(err, &ne) && ne.Timeout()
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // idleBody bounds a streamed pass-through request body: each read must
