@@ -2,17 +2,13 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -163,57 +159,38 @@ func (b *bench) floorRound(ctx context.Context, m floorMode) (floorSample, error
 	argv := pinned(cfg.nice, cfg.cpus["wrk"], b.floorBin,
 		"-addr", b.redisAddr, "-g", strconv.Itoa(cfg.conns), "-script", m.script, "-client", m.client,
 		"-duration", floorDuration.String(), "-warmup", floorWarmup.String())
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = baseEnv()
-	// If the driver itself is killed, the kernel kills redisfloor (as procs.start's children).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return floorSample{}, err
-	}
-	if err := cmd.Start(); err != nil {
-		return floorSample{}, err
-	}
 	// The window starts at MEASURE and ends at the result line, which
 	// redisfloor prints once its last iteration has ended and before it
 	// closes its connections.
-	var out strings.Builder
 	var s0, s1 floorSnap
 	var err0, err1 error
 	measuring, ended := false, false
-	sc := bufio.NewScanner(stdout)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		out.WriteString(line + "\n")
+	out, stderr, err := runHelper(ctx, argv, func(line string, pid int) {
 		switch {
 		case line == "MEASURE" && !measuring:
 			measuring = true
 			s0, err0 = b.floorSnapshot()
-			b.notePidAffinity("redisfloor", cmd.Process.Pid)
+			b.notePidAffinity("redisfloor", pid)
 		case strings.HasPrefix(line, "REDISFLOOR ") && measuring && !ended:
 			ended = true
 			s1, err1 = b.floorSnapshot()
 		}
-	}
-	_, _ = io.Copy(io.Discard, stdout)
-	if err := cmd.Wait(); err != nil {
-		return floorSample{}, fmt.Errorf("redisfloor: %w\n%s%s", err, out.String(), stderr.String())
+	})
+	if err != nil {
+		return floorSample{}, fmt.Errorf("redisfloor: %w\n%s%s", err, out, stderr)
 	}
 	if !ended {
-		return floorSample{}, fmt.Errorf("redisfloor: no MEASURE then REDISFLOOR line\n%s%s", out.String(), stderr.String())
+		return floorSample{}, fmt.Errorf("redisfloor: no MEASURE then REDISFLOOR line\n%s%s", out, stderr)
 	}
 	if err := errors.Join(err0, err1); err != nil {
 		return floorSample{}, err
 	}
-	l, err := parseFloorLine(out.String())
+	l, err := parseFloorLine(out)
 	if err != nil {
-		return floorSample{}, fmt.Errorf("%w\n%s", err, stderr.String())
+		return floorSample{}, fmt.Errorf("%w\n%s", err, stderr)
 	}
 	if cfg.verbose {
-		fmt.Fprint(os.Stderr, out.String(), stderr.String())
+		fmt.Fprint(os.Stderr, out, stderr)
 	}
 	return b.floorSampleOf(l, s0, s1), nil
 }

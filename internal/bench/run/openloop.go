@@ -2,15 +2,12 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"time"
@@ -169,52 +166,36 @@ func (b *bench) openRound(ctx context.Context, up *upstream, kind string, r int,
 		"-duration", cfg.openDuration.String(), "-warmup", cfg.openWarmup.String(),
 		"-key-prefix", roundTag(b.runID, delay, "open", r, kind), "-body", benchBody,
 		"-timeout", timeout.String())
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return openSample{}, err
-	}
-	if err := cmd.Start(); err != nil {
-		return openSample{}, err
-	}
 	// The generator prints MEASURE when its warm-up is over: the window
 	// starts there; it ends when the generator has its last answer.
-	var out strings.Builder
 	var s0 snap
 	var snapErr error
 	measuring := false
-	sc := bufio.NewScanner(stdout)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		out.WriteString(line + "\n")
+	out, stderr, err := runHelper(ctx, argv, func(line string, _ int) {
 		if line == "MEASURE" && !measuring {
 			measuring = true
 			s0, snapErr = b.snapshot(t, up)
 		}
-	}
-	_, _ = io.Copy(io.Discard, stdout)
-	if err := cmd.Wait(); err != nil {
-		return openSample{}, fmt.Errorf("openloop: %w\n%s%s", err, out.String(), stderr.String())
+	})
+	if err != nil {
+		return openSample{}, fmt.Errorf("openloop: %w\n%s%s", err, out, stderr)
 	}
 	if snapErr != nil {
 		return openSample{}, snapErr
 	}
 	if !measuring {
-		return openSample{}, fmt.Errorf("openloop: no MEASURE line\n%s%s", out.String(), stderr.String())
+		return openSample{}, fmt.Errorf("openloop: no MEASURE line\n%s%s", out, stderr)
 	}
 	s1, err := b.snapshot(t, up)
 	if err != nil {
 		return openSample{}, err
 	}
-	l, err := parseOpenLine(out.String())
+	l, err := parseOpenLine(out)
 	if err != nil {
-		return openSample{}, fmt.Errorf("%w\n%s", err, stderr.String())
+		return openSample{}, fmt.Errorf("%w\n%s", err, stderr)
 	}
 	if cfg.verbose {
-		fmt.Fprint(os.Stderr, out.String(), stderr.String())
+		fmt.Fprint(os.Stderr, out, stderr)
 	}
 	s := openSampleOf(l)
 	perReqUs := func(ticks int64) float64 {

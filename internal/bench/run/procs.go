@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -248,4 +249,37 @@ func readCPUTimes(cpu string) (cpuTimes, error) {
 
 func (a cpuTimes) sub(b cpuTimes) cpuTimes {
 	return cpuTimes{busy: a.busy - b.busy, idle: a.idle - b.idle, steal: a.steal - b.steal, total: a.total - b.total}
+}
+
+// runHelper runs one of the bench's own measuring programs (argv, from
+// pinned: redisfloor, openloop) to its end, in the bench's environment, and
+// calls onLine with each line of its standard output as it comes (the
+// window of a measurement opens and closes on such lines) and the
+// program's pid. It returns what the program printed on each stream; the
+// error is the program's exit, whatever it printed.
+func runHelper(ctx context.Context, argv []string, onLine func(line string, pid int)) (stdout, stderr string, err error) {
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = baseEnv()
+	// If the driver itself is killed, the kernel kills the helper (as procs.start's children).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var errBuf bytes.Buffer
+	cmd.Stderr = &errBuf
+	pipe, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", "", err
+	}
+	var out strings.Builder
+	sc := bufio.NewScanner(pipe)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		out.WriteString(line + "\n")
+		onLine(line, cmd.Process.Pid)
+	}
+	_, _ = io.Copy(io.Discard, pipe) // a line too long for the scanner: let the helper end
+	err = cmd.Wait()
+	return out.String(), errBuf.String(), err
 }
