@@ -278,7 +278,12 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	}
 
 	if ex.upErr != nil {
-		a := upstreamAnswer(ex.upErr, !ex.left() || (isDialError(ex.upErr) && !ex.leftBefore.Load()))
+		// A dial error says "never left" only where nothing is counted (a
+		// Transport of the caller's own): on a counted connection, left()
+		// knows, and a resend's failed dial says nothing of the copy the
+		// earlier attempt may have written.
+		uncounted := ex.conn.Load() == nil
+		a := upstreamAnswer(ex.upErr, !ex.left() || (isDialError(ex.upErr) && uncounted && !ex.leftBefore.Load()))
 		lg.Warn().Err(ex.upErr).Str("key_hash", res.keyHash).Int("status", a.status).Msg("upstream request failed")
 		switch {
 		case a.outcome == outcomeReleased:

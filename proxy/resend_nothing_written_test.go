@@ -342,7 +342,11 @@ func TestKeyedReplayableMethodsNeverResentAfterWriting(t *testing.T) {
 // tlsUpstream is an https upstream that counts the requests per
 // Idempotency-Key and answers 201; and a Transport from NewTransport that
 // trusts it.
-func tlsUpstream(t *testing.T) (*url.URL, *http.Transport, func(string) int64) {
+// tlsUpstream is an https upstream counting calls per key. With hold, the
+// first call with a key waits for hold to close (at most 5 s) before
+// answering: a copy of a request that reached it must not answer before
+// the proxy has decided on the write error.
+func tlsUpstream(t *testing.T, hold <-chan struct{}) (*url.URL, *http.Transport, func(string) int64) {
 	t.Helper()
 	var mu sync.Mutex
 	calls := map[string]int64{}
@@ -350,7 +354,14 @@ func tlsUpstream(t *testing.T) (*url.URL, *http.Transport, func(string) int64) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		mu.Lock()
 		calls[r.Header.Get("Idempotency-Key")]++
+		first := calls[r.Header.Get("Idempotency-Key")] == 1
 		mu.Unlock()
+		if hold != nil && first && r.Header.Get("Idempotency-Key") != "" {
+			select {
+			case <-hold:
+			case <-time.After(5 * time.Second):
+			}
+		}
 		w.WriteHeader(http.StatusCreated)
 		_, _ = io.WriteString(w, "created")
 	}))
@@ -378,7 +389,21 @@ func TestResendOverTLS(t *testing.T) {
 		{"unreported", faultUnreported, http.StatusBadGateway, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			upstream, tr, calls := tlsUpstream(t)
+			// The copy that reaches the upstream whole (unreported) is held
+			// until the proxy has answered: its own 201 must not beat the
+			// write error. Nothing reaches it otherwise: the resend answers.
+			var hold chan struct{}
+			if tc.mode == faultUnreported {
+				hold = make(chan struct{})
+			}
+			var once sync.Once
+			release := func() {
+				if hold != nil {
+					once.Do(func() { close(hold) })
+				}
+			}
+			t.Cleanup(release)
+			upstream, tr, calls := tlsUpstream(t, hold)
 			f := &fault{mode: tc.mode}
 			e := newEnv(t, miniBackend, func(o *proxy.Options) {
 				o.Upstream = upstream
@@ -389,6 +414,7 @@ func TestResendOverTLS(t *testing.T) {
 			}
 			f.armed.Store(true)
 			r := e.do(req{key: "tls-1", body: resendBody})
+			release()
 			t.Logf("client got %d %s (dials %d)", r.StatusCode, r.body, f.dials.Load())
 			if r.StatusCode != tc.wantStatus {
 				t.Errorf("status %d, want %d", r.StatusCode, tc.wantStatus)
