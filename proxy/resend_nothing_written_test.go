@@ -309,43 +309,11 @@ func TestResendThenFailure(t *testing.T) {
 	})
 }
 
-// TestKeyedReplayableMethodsNeverResentAfterWriting: the Transport resends
-// a GET, HEAD or OPTIONS it wrote when the reused connection then breaks
-// before the answer, asking GetBody for the body; the write counter has
-// moved, and the resend is refused.
-func TestKeyedReplayableMethodsNeverResentAfterWriting(t *testing.T) {
-	for _, method := range []string{http.MethodGet, http.MethodHead, http.MethodOptions} {
-		t.Run(method, func(t *testing.T) {
-			upstream, executed := hangUpOnce(t, "dup")
-			routes, err := proxy.ParseRoutes(method + " /v1/send-sms")
-			if err != nil {
-				t.Fatal(err)
-			}
-			e := newEnv(t, miniBackend, func(o *proxy.Options) {
-				o.Upstream = upstream
-				o.Routes = routes
-			})
-			// No key, and a GET whatever the method: a pooled connection.
-			e.do(req{method: http.MethodGet, path: "/v1/send-sms"})
-			r := e.do(req{method: method, path: "/v1/send-sms", key: "dup"})
-			t.Logf("client got %d %q", r.StatusCode, r.body)
-			if r.StatusCode != http.StatusBadGateway {
-				t.Errorf("status %d, want 502", r.StatusCode)
-			}
-			if n := executed.Load(); n != 1 {
-				t.Errorf("DOUBLE EXECUTION: upstream executed keyed %s %d times for one client request", method, n)
-			}
-		})
-	}
-}
-
-// tlsUpstream is an https upstream that counts the requests per
-// Idempotency-Key and answers 201; and a Transport from NewTransport that
-// trusts it.
 // tlsUpstream is an https upstream counting calls per key. With hold, the
 // first call with a key waits for hold to close (at most 5 s) before
 // answering: a copy of a request that reached it must not answer before
-// the proxy has decided on the write error.
+// the proxy has decided on the write error. The Transport, from
+// NewTransport, trusts it.
 func tlsUpstream(t *testing.T, hold <-chan struct{}) (*url.URL, *http.Transport, func(string) int64) {
 	t.Helper()
 	var mu sync.Mutex
