@@ -35,8 +35,14 @@ func TestScripterChoice(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, auto := got.(*redis.AutoPipeliner); auto != tt.wantAuto {
+			ap, auto := got.(*redis.AutoPipeliner)
+			if auto != tt.wantAuto {
 				t.Errorf("got %T, want automatic pipelining %v", got, tt.wantAuto)
+			}
+			// go-redis pools 100-command queue slices; a larger batch size
+			// allocates a new one per flush (4.8 KB of garbage each).
+			if auto && ap.Config().MaxBatchSize > 100 {
+				t.Errorf("MaxBatchSize %d, want at most 100", ap.Config().MaxBatchSize)
 			}
 		})
 	}

@@ -3,6 +3,7 @@ package claim_test
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -567,5 +568,17 @@ func TestReplayCache(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // past the record's 400ms TTL
 	if lease, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err != nil || lease == nil {
 		t.Errorf("after the TTL: %v %v, want a fresh claim (not a cached replay)", lease, err)
+	}
+}
+
+// Key.String is logged for every keyed request (key_hash): one allocation,
+// the string's, and the same text as hex.EncodeToString.
+func TestKeyStringAllocatesOnce(t *testing.T) {
+	k := claim.NewKey([]string{"scope"}, "order-1")
+	if got, want := k.String(), hex.EncodeToString(k[:]); got != want {
+		t.Fatalf("String() = %q, want %q", got, want)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = k.String() }); n != 1 {
+		t.Errorf("Key.String allocates %v times, want 1", n)
 	}
 }

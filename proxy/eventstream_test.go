@@ -22,3 +22,11 @@ func TestIsEventStream(t *testing.T) {
 		}
 	}
 }
+
+// isTimeout runs on every keyed body read: no allocation when there is no
+// error (errors.As's target escapes once declared).
+func TestIsTimeoutNilDoesNotAllocate(t *testing.T) {
+	if n := testing.AllocsPerRun(100, func() { _ = isTimeout(nil) }); n != 0 {
+		t.Errorf("isTimeout(nil) allocates %v times, want 0", n)
+	}
+}
