@@ -64,12 +64,16 @@ var envCertificates = []string{
 }
 
 // The SDK's numeric variables, each a whole number; positive ones must not
-// be 0.
+// be 0. The times (milliseconds) are positive: a schedule delay of 0 makes
+// the batch processor's timer fire without pause (a goroutine spinning on a
+// core), and export timeouts of 0 leave an export with no deadline (one
+// stalled collector would hold every later export).
 var envCounts = []struct {
 	name     string
 	positive bool
 }{
-	{"OTEL_BSP_SCHEDULE_DELAY", false}, {"OTEL_BSP_EXPORT_TIMEOUT", false},
+	{"OTEL_BSP_SCHEDULE_DELAY", true}, {"OTEL_BSP_EXPORT_TIMEOUT", true},
+	{envTimeout, true}, {envTracesTimeout, true},
 	{"OTEL_BSP_MAX_QUEUE_SIZE", true}, {"OTEL_BSP_MAX_EXPORT_BATCH_SIZE", true},
 	{envAttrValueLimit, false}, {envSpanAttrValueLim, false},
 	{"OTEL_ATTRIBUTE_COUNT_LIMIT", false}, {"OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", false},
@@ -128,13 +132,6 @@ func (c *Config) checkTracing(k *checker) {
 	}
 	if err := checkKeyValues(raw(envResourceAttrs), false); err != nil {
 		k.bad("%s=%q: %v", envResourceAttrs, k.raw[envResourceAttrs], err)
-	}
-	for _, name := range []string{envTimeout, envTracesTimeout} {
-		if v := raw(name); v != "" {
-			if n, err := strconv.Atoi(v); err != nil || n < 0 {
-				k.bad("%s=%q: not a whole number of milliseconds", name, k.raw[name])
-			}
-		}
 	}
 	for _, name := range envCertificates {
 		if v := raw(name); v != "" {

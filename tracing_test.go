@@ -489,6 +489,9 @@ func TestTracingConfig(t *testing.T) {
 		{name: "bad headers", env: []string{envEndpoint + "=http://c:4318", envHeaders + "=Authorization"}, wantErr: `OTEL_EXPORTER_OTLP_HEADERS: pair 1`},
 		{name: "bad resource attributes", env: []string{envEndpoint + "=http://c:4318", envResourceAttrs + "=team"}, wantErr: `OTEL_RESOURCE_ATTRIBUTES="team"`},
 		{name: "bad timeout", env: []string{envEndpoint + "=http://c:4318", envTimeout + "=5s"}, wantErr: `OTEL_EXPORTER_OTLP_TIMEOUT="5s"`},
+		{name: "no export deadline", env: []string{envEndpoint + "=http://c:4318", envTracesTimeout + "=0"}, wantErr: `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT="0": must be at least 1`},
+		{name: "batch processor spinning", env: []string{envEndpoint + "=http://c:4318", "OTEL_BSP_SCHEDULE_DELAY=0"}, wantErr: `OTEL_BSP_SCHEDULE_DELAY="0": must be at least 1`},
+		{name: "batch export without deadline", env: []string{envEndpoint + "=http://c:4318", "OTEL_BSP_EXPORT_TIMEOUT=0"}, wantErr: `OTEL_BSP_EXPORT_TIMEOUT="0": must be at least 1`},
 		{name: "off: protocol not checked", env: []string{envProtocol + "=http/json"}},
 	}
 	for _, tt := range tests {
