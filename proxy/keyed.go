@@ -172,20 +172,26 @@ func (ex *exchange) rewind() bool {
 	return true
 }
 
-// left reports, once the Transport has returned an error, whether the
-// request may have reached the upstream: a connection was obtained and, if
-// it counts its writes, a byte reached its socket since the attempt got it
-// (or an earlier attempt's did). net/http returns a round trip's error only
-// after that connection's write loop has ended, so the count is final.
-func (ex *exchange) left() bool {
+// left reports, once the Transport has returned err, whether the request
+// may have reached the upstream. On a connection that counts its writes the
+// counts decide: a byte reached its socket since the attempt got it (or an
+// earlier attempt's did). net/http returns a round trip's error only after
+// that connection's write loop has ended, so the count is final; a resend's
+// failed dial says nothing of what an earlier attempt wrote. Where nothing
+// is counted (a Transport of the caller's own), a connection obtained means
+// it may have, unless the last error is a failed dial and no earlier
+// attempt may have.
+func (ex *exchange) left(err error) bool {
 	if ex.leftBefore.Load() {
 		return true
 	}
 	if !ex.gotConn.Load() {
 		return false
 	}
-	c := ex.conn.Load()
-	return c == nil || c.written() != ex.connMark.Load()
+	if c := ex.conn.Load(); c != nil {
+		return c.written() != ex.connMark.Load()
+	}
+	return !isDialError(err)
 }
 
 func (ex *exchange) upstreamResponse(res *http.Response) {
@@ -278,12 +284,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	}
 
 	if ex.upErr != nil {
-		// A dial error says "never left" only where nothing is counted (a
-		// Transport of the caller's own): on a counted connection, left()
-		// knows, and a resend's failed dial says nothing of the copy the
-		// earlier attempt may have written.
-		uncounted := ex.conn.Load() == nil
-		a := upstreamAnswer(ex.upErr, !ex.left() || (isDialError(ex.upErr) && uncounted && !ex.leftBefore.Load()))
+		a := upstreamAnswer(ex.upErr, !ex.left(ex.upErr))
 		lg.Warn().Err(ex.upErr).Str("key_hash", res.keyHash).Int("status", a.status).Msg("upstream request failed")
 		switch {
 		case a.outcome == outcomeReleased:
