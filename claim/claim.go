@@ -223,10 +223,18 @@ type Fingerprint [sha256.Size]byte
 // deadline lived in the record (claim.lua reads it, for an upgrade; complete
 // and release use the record key only). Both carry the key's hash as their
 // hash tag, so Redis Cluster keeps them on one slot.
+//
+// TODO(release after 2026-11): drop the mark (KEYS[2] and its GET in
+// claim.lua): once every replica runs a version with the lock deadline in the
+// record and one TTL has passed, no mark is left to read, and each new claim
+// still pays a GET for it.
 func (s *Store) keys(k Key) []string {
 	rec := RecordKey(s.prefix, k)
-	return []string{rec, rec + ":m"}
+	return []string{rec, markKey(rec)}
 }
+
+// markKey is the claim mark beside record key rec (see keys).
+func markKey(rec string) string { return rec + ":m" }
 
 // RecordKey is the Redis key of k's record under prefix (KEY_PREFIX).
 func RecordKey(prefix string, k Key) string {

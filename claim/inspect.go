@@ -87,13 +87,10 @@ func ParseKeyHash(s string) (Key, error) {
 	return k, nil
 }
 
-// recordKey is the record's Redis key, as Store writes it.
-func recordKey(prefix string, k Key) string { return prefix + "{" + hex.EncodeToString(k[:]) + "}" }
-
 // Get reads the record of k, body included. ErrNotFound when there is
 // none; ErrBadRecord (wrapped) when it cannot be decoded.
 func (in *Inspector) Get(ctx context.Context, k Key) (*Entry, error) {
-	v, err := inspectScript.Run(ctx, in.rdb, []string{recordKey(in.prefix, k)}, "body").Result()
+	v, err := inspectScript.Run(ctx, in.rdb, []string{RecordKey(in.prefix, k)}, "body").Result()
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", k, err)
 	}
@@ -235,8 +232,8 @@ func (in *Inspector) parseRecordKey(name string) (Key, bool) {
 // was anything to delete. The announcement is sent either way: a replica
 // may still hold a record that Redis no longer has.
 func (in *Inspector) Purge(ctx context.Context, k Key) (bool, error) {
-	rec := recordKey(in.prefix, k)
-	n, err := in.rdb.Del(ctx, rec, rec+":m").Result()
+	rec := RecordKey(in.prefix, k)
+	n, err := in.rdb.Del(ctx, rec, markKey(rec)).Result()
 	if err != nil {
 		return false, fmt.Errorf("delete %s: %w", k, err)
 	}
