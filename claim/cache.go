@@ -40,19 +40,19 @@ func newReplayCache(maxBytes int, maxAge time.Duration) *replayCache {
 	return &replayCache{maxBytes: maxBytes, maxAge: maxAge, m: map[Key]*cacheEntry{}}
 }
 
-func (c *replayCache) get(k Key) (Fingerprint, *Record, bool) {
+func (c *replayCache) get(k Key) (Fingerprint, *Record, uint64, bool) {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[k]
 	if !ok {
-		return Fingerprint{}, nil, false
+		return Fingerprint{}, nil, c.gen, false
 	}
 	if !now.Before(e.expires) {
 		c.remove(k, e)
-		return Fingerprint{}, nil, false
+		return Fingerprint{}, nil, c.gen, false
 	}
-	return e.fp, e.rec, true
+	return e.fp, e.rec, c.gen, true
 }
 
 // generation returns the current generation, to be passed to put by a

@@ -27,7 +27,7 @@ func TestReplayCacheQueueDoesNotLeak(t *testing.T) {
 	const rounds = 200 // = 200 minutes of production traffic on 100 hot keys
 	for range rounds {
 		for _, k := range keys {
-			if _, _, ok := c.get(k); !ok { // expired: removed, then re-put from Redis
+			if _, _, _, ok := c.get(k); !ok { // expired: removed, then re-put from Redis
 				c.put(k, fp, &Record{Status: 200, Body: make([]byte, 10<<10)}, 0, time.Now().Add(time.Hour), c.generation())
 			}
 		}

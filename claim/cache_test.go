@@ -16,10 +16,10 @@ func TestReplayCacheBoundsAndExpiry(t *testing.T) {
 			t.Fatalf("after %d puts: size %d over the %d limit", i+1, c.size, c.maxBytes)
 		}
 	}
-	if _, _, ok := c.get(NewKey(nil, "0")); ok {
+	if _, _, _, ok := c.get(NewKey(nil, "0")); ok {
 		t.Errorf("oldest entry survived 50 inserts into a 10 kB cache")
 	}
-	if _, _, ok := c.get(NewKey(nil, "49")); !ok {
+	if _, _, _, ok := c.get(NewKey(nil, "49")); !ok {
 		t.Errorf("newest entry evicted")
 	}
 	// Re-inserting a key must not let its stale queue slot evict the new entry.
@@ -31,10 +31,10 @@ func TestReplayCacheBoundsAndExpiry(t *testing.T) {
 	for i := range 7 {                                                // the 7th overflows: evicts b, not the new a
 		c2.put(NewKey(nil, fmt.Sprint("fill", i)), fp, rec, 0, time.Now().Add(time.Hour), c2.generation())
 	}
-	if _, _, ok := c2.get(a); !ok {
+	if _, _, _, ok := c2.get(a); !ok {
 		t.Errorf("re-inserted entry evicted through its old queue slot")
 	}
-	if _, _, ok := c2.get(b); ok {
+	if _, _, _, ok := c2.get(b); ok {
 		t.Errorf("oldest entry kept")
 	}
 	// Expiry: never past the TTL given, nor maxAge.
@@ -42,19 +42,19 @@ func TestReplayCacheBoundsAndExpiry(t *testing.T) {
 	c3.put(a, fp, rec, 0, time.Now().Add(time.Hour), c3.generation())
 	c3.put(b, fp, rec, 0, time.Now().Add(10*time.Millisecond), c3.generation())
 	time.Sleep(20 * time.Millisecond)
-	if _, _, ok := c3.get(b); ok {
+	if _, _, _, ok := c3.get(b); ok {
 		t.Errorf("entry served past its TTL")
 	}
-	if _, _, ok := c3.get(a); !ok {
+	if _, _, _, ok := c3.get(a); !ok {
 		t.Errorf("entry gone before maxAge")
 	}
 	time.Sleep(40 * time.Millisecond)
-	if _, _, ok := c3.get(a); ok {
+	if _, _, _, ok := c3.get(a); ok {
 		t.Errorf("entry served past maxAge")
 	}
 	// Huge records are not cached at all.
 	c3.put(d, fp, &Record{Status: 200, Body: make([]byte, 1<<20)}, 0, time.Now().Add(time.Hour), c3.generation())
-	if _, _, ok := c3.get(d); ok {
+	if _, _, _, ok := c3.get(d); ok {
 		t.Errorf("a record larger than an eighth of the cache was cached")
 	}
 }
@@ -73,11 +73,11 @@ func TestReplayCachePutAfterPurgeDropped(t *testing.T) {
 		gen := c.generation()
 		purge(c)
 		c.put(k, fp, rec, 0, time.Now().Add(time.Hour), gen)
-		if _, _, ok := c.get(k); ok {
+		if _, _, _, ok := c.get(k); ok {
 			t.Errorf("%s between the read and the put: the record is cached", name)
 		}
 		c.put(k, fp, rec, 0, time.Now().Add(time.Hour), c.generation())
-		if _, _, ok := c.get(k); !ok {
+		if _, _, _, ok := c.get(k); !ok {
 			t.Errorf("%s: a put of the current generation is not cached", name)
 		}
 	}

@@ -274,24 +274,23 @@ type Lease struct {
 //   - ErrInFlight, ErrMismatch or ErrUnknown (test with errors.Is);
 //   - another error: Redis could not be asked.
 func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, terms Terms) (*Lease, *Record, error) {
+	var gen uint64 // on a miss: a purge from now on keeps this read's replay out of the cache
 	if s.cache != nil {
-		if cfp, rec, ok := s.cache.get(key); ok {
+		cfp, rec, g, ok := s.cache.get(key)
+		if ok {
 			if cfp != fp {
 				return nil, nil, ErrMismatch
 			}
 			s.obs(Event{Op: OpCacheHit, Result: "hit"})
 			return nil, rec, nil
 		}
+		gen = g
 	}
 	token, err := newToken()
 	if err != nil {
 		return nil, nil, err
 	}
 	keys := s.keys(key)
-	var gen uint64 // a purge from now on keeps this read's replay out of the cache
-	if s.cache != nil {
-		gen = s.cache.generation()
-	}
 	start := time.Now()
 	hold := ""
 	if terms.Hold {
