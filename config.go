@@ -507,9 +507,15 @@ func (c *Config) collectWarnings() {
 	if c.FailMode == "open" {
 		c.warnings = append(c.warnings, "FAIL_MODE=open: while Redis is unreachable, requests are forwarded without any guarantee")
 	}
+	def := c.policy()
+	if def.Observe {
+		c.warnings = append(c.warnings, "MODE=observe: every request is forwarded, duplicates included; answers are recorded but none is replayed or refused")
+		if def.Wait > 0 {
+			c.warnings = append(c.warnings, fmt.Sprintf("WAIT_TIMEOUT=%s is not used with MODE=observe: a duplicate of a request in flight is forwarded at once", c.WaitTimeout))
+		}
+	}
 	// hold promises "never again without an operator"; failing open
 	// forwards the retries of held keys while Redis is unreachable.
-	def := c.policy()
 	if def.Hold && def.FailOpen {
 		c.warnings = append(c.warnings, "ON_UNKNOWN=hold with FAIL_MODE=open: while Redis is unreachable, retries of keys whose outcome is unknown are forwarded and execute again")
 	}

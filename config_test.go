@@ -408,6 +408,15 @@ func TestLoadConfigNormalisesAndWarns(t *testing.T) {
 	if _, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9000", "KEY_PREFIX=idem:{x}:"}); err == nil || !strings.Contains(err.Error(), `KEY_PREFIX="idem:{x}:"`) {
 		t.Errorf("KEY_PREFIX with a hash tag: error %v, want one naming it", err)
 	}
+	obs, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9000", "MODE=observe", "WAIT_TIMEOUT=2s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"MODE=observe: every request is forwarded", "WAIT_TIMEOUT=2s is not used with MODE=observe"} {
+		if !strings.Contains(strings.Join(obs.warnings, "\n"), w) {
+			t.Errorf("observe: warnings %q lack %q", obs.warnings, w)
+		}
+	}
 	def, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9000"})
 	if err != nil || len(def.warnings) != 0 {
 		t.Errorf("defaults: warnings %q, err %v; want none", def.warnings, err)
