@@ -1,10 +1,8 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"strconv"
 
@@ -173,8 +171,7 @@ func upstreamAnswer(err error, neverLeft bool) answer {
 	if neverLeft {
 		return answer{status: http.StatusBadGateway, outcome: outcomeReleased, typ: typeUpstreamUnreachable, title: "Upstream is unreachable"}
 	}
-	var ne net.Error
-	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+	if isTimeout(err) {
 		return answer{status: http.StatusGatewayTimeout, outcome: outcomeUpstreamError, typ: typeUpstreamTimeout, title: "Upstream timed out"}
 	}
 	return answer{status: http.StatusBadGateway, outcome: outcomeUpstreamError, typ: typeUpstreamFailed, title: "Upstream connection failed"}

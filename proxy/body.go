@@ -138,6 +138,8 @@ func joinChunks(chunks []*[]byte, total int64) []byte {
 	return out
 }
 
+// isTimeout: a deadline ran out (a net.Error that says so;
+// context.DeadlineExceeded is one).
 func isTimeout(err error) bool {
 	if err == nil {
 		return false // before the target: errors.As makes it escape, an allocation per call

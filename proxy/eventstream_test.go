@@ -1,6 +1,10 @@
 package proxy
 
-import "testing"
+import (
+	"context"
+	"fmt"
+	"testing"
+)
 
 // isEventStream decides whether a keyed answer streams (recorded without
 // its body); its allocation-free pre-check must agree with the media type.
@@ -28,5 +32,16 @@ func TestIsEventStream(t *testing.T) {
 func TestIsTimeoutNilDoesNotAllocate(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { _ = isTimeout(nil) }); n != 0 {
 		t.Errorf("isTimeout(nil) allocates %v times, want 0", n)
+	}
+}
+
+// context.DeadlineExceeded is a net.Error that times out: isTimeout alone
+// gives upstreamAnswer and the trace their 504 / "timeout".
+func TestIsTimeoutDeadlineExceeded(t *testing.T) {
+	if !isTimeout(fmt.Errorf("round trip: %w", context.DeadlineExceeded)) {
+		t.Error("isTimeout(wrapped context.DeadlineExceeded) = false")
+	}
+	if isTimeout(context.Canceled) {
+		t.Error("isTimeout(context.Canceled) = true")
 	}
 }

@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"encoding/hex"
-	"errors"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -190,8 +189,7 @@ func tracedError(next func(http.ResponseWriter, *http.Request, error)) func(http
 		span := trace.SpanFromContext(r.Context())
 		span.SetStatus(codes.Error, "upstream request failed")
 		errType := "upstream_error"
-		var ne net.Error
-		if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		if isTimeout(err) {
 			errType = "timeout"
 		}
 		span.SetAttributes(semconv.ErrorTypeKey.String(errType))
