@@ -255,10 +255,13 @@ func hideIdempotencyKey(h http.Header) {
 
 // result is what the access log and the metrics learn about one request.
 type result struct {
-	route      string
-	outcome    string
-	status     int
-	keyHash    string
+	route   string
+	outcome string
+	status  int
+	// key is the (scope, key) hash once there is one (hasKey): logged as
+	// key_hash, hex-encoded only when a line is written.
+	key        claim.Key
+	hasKey     bool
 	upstreamMS float64
 	// rc puts the write deadlines on the client connection: every answer is
 	// written under one, the final flush (after the handler returns)
@@ -386,7 +389,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var scopeBuf [4]string
 	k := claim.NewKey(scopeValues(r, scopeNames, scopeBuf[:]), key)
-	res.keyHash = k.String()
+	res.key, res.hasKey = k, true
 
 	lease, rec, err := h.acquire(r.Context(), k, fp, pol)
 	if rec != nil {
@@ -411,21 +414,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case pol.Observe:
 			if a.outcome == outcomeStoreError || a.outcome == outcomeFailOpen {
-				lg.Warn().Err(err).Str("key_hash", res.keyHash).Msg("claim failed (Redis unavailable, or the record unreadable); forwarding (observe mode)")
+				lg.Warn().Err(err).Hex("key_hash", res.key[:]).Msg("claim failed (Redis unavailable, or the record unreadable); forwarding (observe mode)")
 			}
 			h.refuse(w, r, &res, a, pol, body)
 			return
 		case errors.Is(err, claim.ErrBadRecord):
-			lg.Error().Err(err).Str("key_hash", res.keyHash).Msg("stored record cannot be decoded")
+			lg.Error().Err(err).Hex("key_hash", res.key[:]).Msg("stored record cannot be decoded")
 		case a.outcome == outcomeFailOpen:
-			lg.Warn().Err(err).Str("key_hash", res.keyHash).Msg("Redis unreachable; forwarding without idempotency guarantee (fail open)")
+			lg.Warn().Err(err).Hex("key_hash", res.key[:]).Msg("Redis unreachable; forwarding without idempotency guarantee (fail open)")
 			r.Body = bodyReader(body)
 			h.passthrough(w, r, &res, a.outcome)
 			return
 		case a.outcome == outcomeStoreError && claim.Unavailable(err):
-			lg.Error().Err(err).Str("key_hash", res.keyHash).Msg("Redis unreachable; answering 503 (fail closed)")
+			lg.Error().Err(err).Hex("key_hash", res.key[:]).Msg("Redis unreachable; answering 503 (fail closed)")
 		case a.outcome == outcomeStoreError:
-			lg.Error().Err(err).Str("key_hash", res.keyHash).Msg("Redis refused the claim; answering 503")
+			lg.Error().Err(err).Hex("key_hash", res.key[:]).Msg("Redis refused the claim; answering 503")
 		}
 		a.write(w, &res)
 	}
@@ -443,8 +446,8 @@ func (h *Handler) finish(r *http.Request, res *result, start time.Time) {
 		Int("status", res.status).
 		Str("outcome", res.outcome).
 		Str("key_source", res.keySource)
-	if res.keyHash != "" {
-		ev = ev.Str("key_hash", res.keyHash)
+	if res.hasKey {
+		ev = ev.Hex("key_hash", res.key[:])
 	}
 	if res.upstreamMS >= 0 {
 		ev = ev.Float64("upstream_ms", res.upstreamMS)
@@ -460,7 +463,7 @@ func (h *Handler) noteUnknown(r *http.Request, err error, res *result) {
 	var unknown *claim.UnknownError
 	if errors.As(err, &unknown) && unknown.Entered {
 		h.metrics.unknownOutcomes.WithLabelValues(causeLockExpired).Inc()
-		hlog.FromRequest(r).Warn().Str("key_hash", res.keyHash).
+		hlog.FromRequest(r).Warn().Hex("key_hash", res.key[:]).
 			Msg("in-flight claim's lock expired without an answer (its proxy stopped, or lost Redis); key held as unknown (ON_UNKNOWN=hold) until an operator purges it")
 	}
 }

@@ -114,8 +114,8 @@ func endServerSpan(span trace.Span, method string, res *result) {
 			span.SetAttributes(semconv.HTTPRoute(res.route))
 		}
 		span.SetAttributes(attrOutcome.String(res.outcome), attrKeySource.String(res.keySource))
-		if res.keyHash != "" {
-			span.SetAttributes(attrKeyHash.String(res.keyHash))
+		if res.hasKey {
+			span.SetAttributes(attrKeyHash.String(res.key.String()))
 		}
 		if res.status > 0 {
 			span.SetAttributes(semconv.HTTPResponseStatusCode(res.status))
