@@ -571,7 +571,7 @@ func TestReplayCache(t *testing.T) {
 	}
 }
 
-// Key.String is logged for every keyed request (key_hash): one allocation,
+// Key.String (key_hash of spans, errors and idemproxy keys): one allocation,
 // the string's, and the same text as hex.EncodeToString.
 func TestKeyStringAllocatesOnce(t *testing.T) {
 	k := claim.NewKey([]string{"scope"}, "order-1")
