@@ -72,6 +72,11 @@ type config struct {
 	idemBare bool     // put a second bare proxy in idemproxy's slot (harness self-test)
 	idemBin  string   // prebuilt idemproxy binary instead of building the tree
 	idemEnv  []string // extra KEY=VALUE for idemproxy
+	// idemCeiling puts internal/bench/ceilingproxy in idemproxy's slot (issue
+	// 14's floor for the proxy-side targets): "redis", a bare proxy plus only
+	// the work and the two Redis scripts a first request cannot do without;
+	// "local", the same work without Redis. "" for idemproxy.
+	idemCeiling string
 
 	memSlack  int64 // bytes of RSS growth allowed beyond MAX_STORED_RESPONSE_BYTES
 	maxStored int64 // MAX_STORED_RESPONSE_BYTES in effect
@@ -158,6 +163,7 @@ func parseFlags(args []string) (*config, int) {
 	cpus := fs.String("cpus", "wrk=0,proxy=1,upstream=1,redis=1", "taskset cpu list per role")
 	fs.BoolVar(&cfg.idemBare, "idem-bare", false, "self-test: a second bare proxy takes idemproxy's slot (ratios show the noise floor)")
 	fs.StringVar(&cfg.idemBin, "idem-bin", "", "benchmark this idemproxy binary instead of building the tree")
+	fs.StringVar(&cfg.idemCeiling, "idem-ceiling", "", "floor: internal/bench/ceilingproxy takes idemproxy's slot: redis (a bare proxy plus the least a first request needs: body and answer in memory, key and fingerprint hashed, two minimal Redis scripts) or local (the same without Redis); -only unique,open")
 	var idemEnv listFlag
 	fs.Var(&idemEnv, "idem-env", "extra KEY=VALUE in idemproxy's environment (repeatable)")
 	memSlackMiB := fs.Float64("mem-slack", 4, "MiB of RSS growth allowed on top of MAX_STORED_RESPONSE_BYTES in the 10 MiB check")
@@ -268,6 +274,24 @@ func parseFlags(args []string) (*config, int) {
 		}
 	}
 	cfg.idemEnv = idemEnv
+	if cfg.idemCeiling != "" {
+		if cfg.idemCeiling != "redis" && cfg.idemCeiling != "local" {
+			bad = append(bad, fmt.Sprintf("-idem-ceiling: %q (want redis or local)", cfg.idemCeiling))
+		}
+		if cfg.idemBare || cfg.idemBin != "" || len(idemEnv) > 0 {
+			bad = append(bad, "-idem-ceiling: not with -idem-bare, -idem-bin or -idem-env")
+		}
+		// The ceiling proxy forwards first requests only: a duplicate is
+		// answered 409, and it knows no ROUTES, log level or memory limits.
+		for _, w := range cfg.workloads {
+			if w != "unique" && w != "open" {
+				bad = append(bad, fmt.Sprintf("-idem-ceiling: workload %q is not measured with it (want -only unique,open)", w))
+			}
+		}
+		if cfg.mem {
+			bad = append(bad, "-idem-ceiling: workload \"mem\" is not measured with it (want -only unique,open)")
+		}
+	}
 	cfg.memSlack = int64(*memSlackMiB * (1 << 20))
 	cfg.memLimit = *memLimitMiB << 20
 	cfg.bigBytes = 10 << 20
@@ -441,7 +465,7 @@ func (b *bench) setup(ctx context.Context) error {
 	b.affinity = map[string]string{}
 
 	logf("building fake upstream, bare proxy, fixed-rate generator and Redis floor driver")
-	if err := goBuild(ctx, repo, cfg.workdir, "./internal/bench/upstream", "./internal/bench/bareproxy", "./internal/bench/openloop", "./internal/bench/redisfloor"); err != nil {
+	if err := goBuild(ctx, repo, cfg.workdir, "./internal/bench/upstream", "./internal/bench/bareproxy", "./internal/bench/openloop", "./internal/bench/redisfloor", "./internal/bench/ceilingproxy"); err != nil {
 		return err
 	}
 	b.openBin = filepath.Join(cfg.workdir, "openloop")
@@ -452,6 +476,9 @@ func (b *bench) setup(ctx context.Context) error {
 	case cfg.idemBare:
 		b.idemBin = b.bareBin
 		logf("-idem-bare: a second bare proxy takes idemproxy's slot")
+	case cfg.idemCeiling != "":
+		b.idemBin = filepath.Join(cfg.workdir, "ceilingproxy")
+		logf("-idem-ceiling %s: the ceiling proxy takes idemproxy's slot", cfg.idemCeiling)
 	case cfg.idemBin != "":
 		if b.idemBin, err = filepath.Abs(cfg.idemBin); err != nil {
 			return err
@@ -511,7 +538,7 @@ func (b *bench) setup(ctx context.Context) error {
 // that has a rule of its own, before any round: a build that refuses the rule
 // (json1k's key=json:/id before issue 11) fails the run at once, saying why.
 func (b *bench) checkRoutes(ctx context.Context) error {
-	if b.cfg.idemBare {
+	if b.cfg.idemBare || b.cfg.idemCeiling != "" {
 		return nil
 	}
 	port, err := freePort()
@@ -748,6 +775,14 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 	if kind == "bare" || b.cfg.idemBare {
 		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], baseEnv(), logPath, b.bareBin,
 			"-listen", addr, "-upstream", up.url)
+		ready = func() error { return b.get(t.url + "/healthz") }
+	} else if b.cfg.idemCeiling != "" {
+		redisAddr := b.redisAddr
+		if b.cfg.idemCeiling == "local" {
+			redisAddr = ""
+		}
+		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], baseEnv(), logPath, b.idemBin,
+			"-listen", addr, "-upstream", up.url, "-redis", redisAddr)
 		ready = func() error { return b.get(t.url + "/healthz") }
 	} else {
 		aport, err2 := freePort()

@@ -28,8 +28,11 @@ var goals = map[string][]goal{
 func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpuTimes, load string) {
 	cfg := b.cfg
 	idemName := "idem"
-	if cfg.idemBare {
+	switch {
+	case cfg.idemBare:
 		idemName = "idem(bare)"
+	case cfg.idemCeiling != "":
+		idemName = "ceiling(" + cfg.idemCeiling + ")"
 	}
 	if len(results) > 0 {
 		fmt.Fprintf(w, "\nidemproxy benchmark: medians of %d round(s) per target, rounds alternated (bare,idem / idem,bare / …), a fresh proxy process per round;\n", cfg.rounds)

@@ -1,0 +1,229 @@
+// Command ceilingproxy is the fastest design of idemproxy's first request
+// that the benchmark can imagine (issue 14: "where a target proves out of
+// reach, show the floor"): a bare httputil.ReverseProxy, exactly as
+// internal/bench/bareproxy, plus only what the contract cannot do without for
+// a request with a new Idempotency-Key:
+//
+//   - the body read into memory and hashed (the fingerprint), the key hashed;
+//   - one claim script before forwarding (Redis TIME, then SET NX GET PX of a
+//     small string record with the fencing token, fingerprint and lock
+//     deadline: two commands, where idemproxy's claim.lua runs five);
+//   - the answer read into memory and encoded (claim.Record.Encode, the
+//     product's own encoding);
+//   - one complete script before answering (GET, token check, TIME, SET PX:
+//     three commands, where complete.lua runs four);
+//   - both scripts through go-redis's automatic pipelining with idemproxy's
+//     options.
+//
+// With -redis "" it does all of that but the two scripts (no Redis at all):
+// the part of the ceiling's cost that is not Redis's round trips.
+//
+// Nothing else: no routes, no scope, no limits beyond a 1 MiB body, no
+// metrics, no logs, no replay cache, no problem documents, no deadlines but
+// the transport's. A duplicate is answered 409 and is never forwarded, so
+// only unique workloads are meaningful (the driver refuses the others with
+// -idem-ceiling). What the benchmark measures with it in idemproxy's slot is
+// therefore a ceiling for any idemproxy with two Redis scripts per first
+// request on this client, not a product.
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// claimLua claims KEYS[1] when it is free: one TIME and one SET NX GET PX.
+// The value: state 'i', token (16 bytes), fingerprint (32 bytes), the lock
+// deadline in Redis milliseconds and a newline.
+// ARGV: token, fingerprint, lock ms, record TTL ms.
+const claimLua = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local v = redis.call('SET', KEYS[1], 'i' .. ARGV[1] .. ARGV[2] .. (now + tonumber(ARGV[3])) .. '\n', 'NX', 'GET', 'PX', ARGV[4])
+if not v then
+  return 'claimed'
+end
+return 'taken'
+`
+
+// completeLua records ARGV[2] under the claim of token ARGV[1]: GET, the
+// token compared, TIME (lateness is judged on Redis's clock), SET PX.
+// ARGV: token, encoded record, record TTL ms.
+const completeLua = `
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 2, 17) ~= ARGV[1] then
+  return 'lost'
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('SET', KEYS[1], 'c' .. string.sub(v, 2, 49) .. now .. '\n' .. ARGV[2], 'PX', ARGV[3])
+if tonumber(string.sub(v, 50, -2)) <= now then
+  return 'late'
+end
+return 'ok'
+`
+
+var (
+	claimScript    = redis.NewScript(claimLua)
+	completeScript = redis.NewScript(completeLua)
+)
+
+const (
+	maxBody   = 1 << 20
+	lockTTL   = int64(60_000)         // ms, idemproxy's default LOCK_TTL
+	recordTTL = int64(24 * 3_600_000) // ms, idemproxy's default TTL
+	redisWait = 5 * time.Second
+)
+
+type ceiling struct {
+	rp  *httputil.ReverseProxy
+	rdb redis.Scripter // nil: no Redis, the scripts are skipped (-redis "")
+}
+
+// tokenKey carries a request's claim (record key and token) to ModifyResponse.
+type tokenKey struct{}
+
+type lease struct{ key, token string }
+
+func (c *ceiling) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Idempotency-Key")
+	if r.Method != http.MethodPost || key == "" {
+		c.rp.ServeHTTP(w, r)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil || len(body) > maxBody {
+		http.Error(w, "body", http.StatusBadRequest)
+		return
+	}
+	fp := sha256.Sum256(body)
+	kh := sha256.Sum256([]byte(key))
+	var hexKey [64]byte
+	hex.Encode(hexKey[:], kh[:])
+	rk := "idem:{" + string(hexKey[:]) + "}"
+	var tok [16]byte
+	_, _ = rand.Read(tok[:])
+	res, err := "claimed", error(nil)
+	if c.rdb != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), redisWait)
+		res, err = claimScript.Run(ctx, c.rdb, []string{rk}, string(tok[:]), fp[:], lockTTL, recordTTL).Text()
+		cancel()
+	}
+	switch {
+	case err != nil:
+		http.Error(w, "claim: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	case res != "claimed":
+		http.Error(w, "duplicate", http.StatusConflict)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	c.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tokenKey{}, lease{rk, string(tok[:])})))
+}
+
+// record reads a keyed answer into memory, records it, and hands it on.
+func (c *ceiling) record(resp *http.Response) error {
+	l, ok := resp.Request.Context().Value(tokenKey{}).(lease)
+	if !ok {
+		return nil
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
+	_ = resp.Body.Close()
+	if err != nil {
+		return fmt.Errorf("read answer: %w", err)
+	}
+	if len(body) > maxBody {
+		return errors.New("answer over 1 MiB")
+	}
+	enc := (&claim.Record{Status: resp.StatusCode, Header: resp.Header, Body: body}).Encode()
+	if c.rdb != nil {
+		ctx, cancel := context.WithTimeout(resp.Request.Context(), redisWait)
+		defer cancel()
+		res, err := completeScript.Run(ctx, c.rdb, []string{l.key}, l.token, enc, recordTTL).Text()
+		if err != nil {
+			return fmt.Errorf("complete: %w", err)
+		}
+		if res == "lost" {
+			return errors.New("complete: claim lost")
+		}
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	resp.ContentLength = int64(len(body))
+	resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	return nil
+}
+
+// newCeiling forwards to u and claims in the Redis at redisAddr ("" for none).
+func newCeiling(u *url.URL, redisAddr string) (*ceiling, error) {
+	c := &ceiling{}
+	if redisAddr != "" {
+		// The client as idemproxy makes it from REDIS_URL (redis.go).
+		rdb := redis.NewClient(&redis.Options{Addr: redisAddr, MaxRetries: 1, DialerRetries: 1})
+		o := redis.DefaultBlockingAutoPipelineOptions()
+		o.MaxBatchSize = 100
+		ap, err := rdb.AutoPipelineWithOptions(o)
+		if err != nil {
+			return nil, fmt.Errorf("AutoPipeline: %w", err)
+		}
+		c.rdb = ap
+	}
+	c.rp = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(u)
+			pr.SetXForwarded()
+		},
+		Transport:      proxy.NewTransport(),
+		BufferPool:     proxy.NewBufferPool(),
+		ErrorLog:       log.New(io.Discard, "", 0),
+		ModifyResponse: c.record,
+	}
+	return c, nil
+}
+
+func main() {
+	listen := flag.String("listen", "127.0.0.1:0", "listen address")
+	upstream := flag.String("upstream", "", "upstream base URL (required)")
+	redisAddr := flag.String("redis", "", "redis-server host:port; \"\": no Redis, the scripts are skipped")
+	flag.Parse()
+
+	u, err := url.Parse(*upstream)
+	if err != nil || u.Scheme == "" || u.Host == "" {
+		fmt.Fprintf(os.Stderr, "ceilingproxy: -upstream %q: want an absolute URL\n", *upstream)
+		os.Exit(2)
+	}
+	c, err := newCeiling(u, *redisAddr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ceilingproxy:", err)
+		os.Exit(1)
+	}
+	srv := &http.Server{
+		Addr:              *listen,
+		Handler:           c,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          log.New(io.Discard, "", 0),
+	}
+	if err := srv.ListenAndServe(); err != nil {
+		fmt.Fprintln(os.Stderr, "ceilingproxy:", err)
+		os.Exit(1)
+	}
+}

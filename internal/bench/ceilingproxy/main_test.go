@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+// The ceiling is only a floor if it does the work it claims: a first request
+// is claimed, forwarded once and recorded in Redis (the product's record
+// encoding, after the token, fingerprint and Redis time), and its duplicate
+// is never forwarded.
+func TestCeilingClaimsForwardsOnceAndRecords(t *testing.T) {
+	srv := redistest.Start(t)
+	var hits atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(append([]byte(`{"echo":`), append(b, '}')...))
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	c, err := newCeiling(u, srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(c)
+	defer front.Close()
+
+	post := func(key string) (int, string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, front.URL+"/v1/orders", strings.NewReader(`{"a":1}`))
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := post("k1"); code != http.StatusCreated || body != `{"echo":{"a":1}}` {
+		t.Fatalf("first request: %d %q", code, body)
+	}
+	if code, _ := post("k1"); code != http.StatusConflict {
+		t.Errorf("duplicate: %d, want 409 (the ceiling never forwards one)", code)
+	}
+	if n := hits.Load(); n != 1 {
+		t.Errorf("upstream hits %d, want 1", n)
+	}
+
+	// The record: 'c', token (16), fingerprint (32), Redis ms and '\n', then
+	// the encoded answer, with the record TTL.
+	rdb := srv.Client()
+	defer rdb.Close()
+	keys, err := rdb.Keys(context.Background(), "idem:{*}").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("keys %q, %v: want one record", keys, err)
+	}
+	v, err := rdb.Get(context.Background(), keys[0]).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nl := strings.IndexByte(v[49:], '\n')
+	if v[0] != 'c' || nl < 1 {
+		t.Fatalf("record %q: want state c and a Redis time", v)
+	}
+	rec, err := claim.DecodeRecord([]byte(v[49+nl+1:]))
+	if err != nil || rec.Status != http.StatusCreated || string(rec.Body) != `{"echo":{"a":1}}` {
+		t.Errorf("recorded answer %+v, %v", rec, err)
+	}
+	if ttl := rdb.PTTL(context.Background(), keys[0]).Val(); ttl < 23*time.Hour {
+		t.Errorf("record TTL %v, want the 24h record TTL", ttl)
+	}
+}
+
+// Without Redis the same work is done but the scripts: every request is
+// forwarded.
+func TestCeilingLocalForwardsEveryRequest(t *testing.T) {
+	var hits atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	c, err := newCeiling(u, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(c)
+	defer front.Close()
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodPost, front.URL, strings.NewReader("x"))
+		req.Header.Set("Idempotency-Key", "same")
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	if n := hits.Load(); n != 2 {
+		t.Errorf("upstream hits %d, want 2", n)
+	}
+}
