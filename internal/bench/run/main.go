@@ -281,15 +281,19 @@ func parseFlags(args []string) (*config, int) {
 		if cfg.idemBare || cfg.idemBin != "" || len(idemEnv) > 0 {
 			bad = append(bad, "-idem-ceiling: not with -idem-bare, -idem-bin or -idem-env")
 		}
-		// The ceiling proxy forwards first requests only: a duplicate is
-		// answered 409, and it knows no ROUTES, log level or memory limits.
+		// The ceiling proxy knows no ROUTES, log level or memory limits;
+		// without Redis (local) it records nothing, so nothing is replayed.
+		ok := []string{"unique", "replay", "mixed", "open"}
+		if cfg.idemCeiling == "local" {
+			ok = []string{"unique", "open"}
+		}
 		for _, w := range cfg.workloads {
-			if w != "unique" && w != "open" {
-				bad = append(bad, fmt.Sprintf("-idem-ceiling: workload %q is not measured with it (want -only unique,open)", w))
+			if !slices.Contains(ok, w) {
+				bad = append(bad, fmt.Sprintf("-idem-ceiling %s: workload %q is not measured with it (want -only %s)", cfg.idemCeiling, w, strings.Join(ok, ",")))
 			}
 		}
 		if cfg.mem {
-			bad = append(bad, "-idem-ceiling: workload \"mem\" is not measured with it (want -only unique,open)")
+			bad = append(bad, fmt.Sprintf("-idem-ceiling %s: workload \"mem\" is not measured with it (want -only %s)", cfg.idemCeiling, strings.Join(ok, ",")))
 		}
 	}
 	cfg.memSlack = int64(*memSlackMiB * (1 << 20))

@@ -126,7 +126,7 @@ func (b *bench) round(ctx context.Context, up *upstream, wl, kind string, r int,
 	if err := b.prime(ctx, url, wl, pprefix); err != nil {
 		return sample{}, err
 	}
-	if kind == "idem" && !cfg.idemBare && cfg.idemCeiling == "" && r == 0 {
+	if kind == "idem" && !cfg.idemBare && cfg.idemCeiling != "local" && r == 0 {
 		b.probe(ctx, url, pprefix, tag, wl)
 	}
 	if cfg.warmup > 0 {

@@ -115,14 +115,14 @@ func TestParseFlags(t *testing.T) {
 	if cfg, _ := parseFlags([]string{"-only", "unique,floor"}); !cfg.delayed() {
 		t.Error("-only unique,floor: want delayed (unique runs per delay)")
 	}
-	cfg, code = parseFlags([]string{"-idem-ceiling", "redis", "-only", "unique,open"})
+	cfg, code = parseFlags([]string{"-idem-ceiling", "redis", "-only", "unique,replay,mixed,open"})
 	if code >= 0 || cfg.idemCeiling != "redis" {
 		t.Errorf("-idem-ceiling redis -only unique,open: code %d, ceiling %q", code, cfg.idemCeiling)
 	}
 	for _, bad := range [][]string{{"-only", "nope"}, {"-delays", "x"}, {"-cpus", "wrk=0"}, {"-idem-env", "NOEQUALS"}, {"-rounds", "0"},
 		{"-open-rate", "0"}, {"-open-duration", "500ms"}, {"-open-rounds", "-1"}, {"-only", "unique,floor", "-delays", ""},
 		// the ceiling proxy answers duplicates 409 and knows no idemproxy settings
-		{"-idem-ceiling", "redis"}, {"-idem-ceiling", "local", "-only", "replay"}, {"-idem-ceiling", "yes", "-only", "unique"},
+		{"-idem-ceiling", "redis"}, {"-idem-ceiling", "redis", "-only", "unique,info"}, {"-idem-ceiling", "local", "-only", "replay"}, {"-idem-ceiling", "yes", "-only", "unique"},
 		{"-idem-ceiling", "redis", "-only", "unique", "-idem-bare"}, {"-idem-ceiling", "redis", "-only", "unique", "-idem-env", "A=B"}} {
 		if _, code := parseFlags(bad); code != exitUsage {
 			t.Errorf("parseFlags(%q): exit code %d, want %d", bad, code, exitUsage)
