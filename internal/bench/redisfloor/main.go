@@ -8,7 +8,9 @@
 // Lease.Complete (complete.lua) with the record of the bench upstream's 201
 // answer, through the claim package as idemproxy calls it. -script return1
 // sends two EVALSHAs of "return 1" per iteration instead: the floor of any
-// design with two scripts per request. -client auto is go-redis's automatic
+// design with two scripts per request; -script minimal two scripts with
+// idemproxy's arguments and one GET and one SET PX each: the floor of any
+// design that keeps a record with a TTL in two scripts. -client auto is go-redis's automatic
 // pipelining, idemproxy's default; -client plain a pooled connection per
 // call (REDIS_AUTOPIPELINE=false).
 //
@@ -54,6 +56,17 @@ type Result struct {
 // default is 60s); the record's TTL is idemproxy's default.
 var terms = claim.Terms{LockTTL: 10 * time.Second, TTL: 24 * time.Hour}
 
+// The minimal scripts: what any design that keeps a record with a TTL does
+// in its two scripts at the least, one read and one write each, with no
+// parsing, no clock and no branch, and the arguments idemproxy sends (two
+// keys and six values; one key and the record among seven values). Their
+// cost is the floor below which no change to claim.lua and complete.lua
+// can take Redis's CPU per first request.
+var (
+	minimalClaim    = redis.NewScript("redis.call('GET', KEYS[1]) redis.call('SET', KEYS[1], ARGV[1] .. ARGV[2], 'PX', ARGV[4]) return 1")
+	minimalComplete = redis.NewScript("redis.call('GET', KEYS[1]) redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1")
+)
+
 // answer is what internal/bench/upstream sends for a POST, as idemproxy
 // records it: its status, its recordable headers (Go's server adds Date) and
 // its ~200-byte JSON body.
@@ -87,13 +100,13 @@ func main() {
 	g := flag.Int("g", 64, "concurrent goroutines, each a request at a time (as wrk's connections)")
 	duration := flag.Duration("duration", 4*time.Second, "measured window")
 	warmup := flag.Duration("warmup", time.Second, "warm-up before the measured window (0: none)")
-	script := flag.String("script", "scripts", "scripts: claim.lua then complete.lua on a fresh key; return1: two EVALSHAs of \"return 1\"")
+	script := flag.String("script", "scripts", "scripts: claim.lua then complete.lua on a fresh key; return1: two EVALSHAs of \"return 1\"; minimal: two scripts with idemproxy's arguments, one GET and one SET PX each")
 	client := flag.String("client", "auto", "auto: go-redis automatic pipelining (idemproxy's default); plain: pooled connections")
 	prefix := flag.String("key-prefix", "idem:", "KEY_PREFIX of the records written")
 	flag.Parse()
 	if *addr == "" || *g < 1 || *duration <= 0 || *warmup < 0 ||
-		(*script != "scripts" && *script != "return1") || (*client != "auto" && *client != "plain") {
-		fmt.Fprintln(os.Stderr, "redisfloor: need -addr, -g >= 1, -duration > 0, -warmup >= 0, -script scripts|return1, -client auto|plain")
+		(*script != "scripts" && *script != "return1" && *script != "minimal") || (*client != "auto" && *client != "plain") {
+		fmt.Fprintln(os.Stderr, "redisfloor: need -addr, -g >= 1, -duration > 0, -warmup >= 0, -script scripts|return1|minimal, -client auto|plain")
 		os.Exit(2)
 	}
 	if err := run(*addr, *g, *duration, *warmup, *script, *client, *prefix); err != nil {
@@ -226,14 +239,27 @@ func iteration(scripter redis.Scripter, script, prefix string) (func(ctx context
 			return nil
 		}, nil
 	}
+	fp := claim.Fingerprint(sha256.Sum256([]byte(requestBody)))
+	rec := answer()
+	if script == "minimal" {
+		enc := rec.Encode()
+		return func(ctx context.Context, key string) error {
+			var tok [16]byte
+			_, _ = rand.Read(tok[:])
+			rk := claim.RecordKey(prefix, claim.NewKey(nil, key))
+			ttl, lock := terms.TTL.Milliseconds(), terms.LockTTL.Milliseconds()
+			if err := minimalClaim.Run(ctx, scripter, []string{rk, rk + ":m"}, string(tok[:]), fp[:], lock, ttl, "0123456789abcdef", "").Err(); err != nil {
+				return err
+			}
+			return minimalComplete.Run(ctx, scripter, []string{rk}, string(tok[:]), enc, ttl, fp[:], "0123456789abcdef", "c", "").Err()
+		}, nil
+	}
 	// The options idemproxy's Store has in the bench (main.go), at their
 	// defaults: a replay cache (missed by every fresh key, as in the unique
 	// workload) and an upstream id, whose hash the scripts store and
 	// compare. No metrics observer and no tracing: they cost the client, not
 	// Redis.
 	store := claim.NewStore(scripter, prefix, nil, claim.ReplayCache(16<<20, time.Minute), claim.Upstream("http://127.0.0.1"))
-	fp := claim.Fingerprint(sha256.Sum256([]byte(requestBody)))
-	rec := answer()
 	return func(ctx context.Context, key string) error {
 		lease, replayed, err := store.Acquire(ctx, claim.NewKey(nil, key), fp, terms)
 		if err != nil {

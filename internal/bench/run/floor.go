@@ -32,11 +32,13 @@ func (m floorMode) String() string { return m.client + "+" + m.script }
 // floorModes, in the order of the first round: idemproxy's scripts as it
 // sends them by default; the same pipelining with two trivial scripts (the
 // floor of any design with two scripts per request); idemproxy's scripts on
-// pooled connections, one call per round trip (REDIS_AUTOPIPELINE=false).
-var floorModes = []floorMode{{"auto", "scripts"}, {"auto", "return1"}, {"plain", "scripts"}}
+// pooled connections, one call per round trip (REDIS_AUTOPIPELINE=false);
+// two scripts with idemproxy's arguments and one GET and one SET PX each
+// (the floor of any design that keeps a record with a TTL).
+var floorModes = []floorMode{{"auto", "scripts"}, {"auto", "return1"}, {"plain", "scripts"}, {"auto", "minimal"}}
 
 // The floor rounds' window: long enough for a few hundred clock ticks of
-// Redis CPU, short enough that three modes fit in a quarter of a minute.
+// Redis CPU, short enough that four modes fit in about 20 seconds.
 const (
 	floorDuration = 4 * time.Second
 	floorWarmup   = time.Second
@@ -251,7 +253,8 @@ func floorReport(floors []floorResult, cfg *config, affinity map[string]string) 
 		"Redis CPU floor (issue 14): idemproxy's own scripts with no HTTP in the way. internal/bench/redisfloor runs " + strconv.Itoa(cfg.conns) + " goroutines (-conns),",
 		"each looping on a fresh key: Store.Acquire (claim.lua), then Lease.Complete (complete.lua) with the upstream's 201 answer (~200-byte body),",
 		"through a go-redis client made as idemproxy makes it. auto: automatic pipelining, idemproxy's default; plain: pooled connections, one script",
-		"per round trip (REDIS_AUTOPIPELINE=false); return1: two EVALSHAs of `return 1` per iteration instead, the floor of any two-script design.",
+		"per round trip (REDIS_AUTOPIPELINE=false); return1: two EVALSHAs of `return 1` per iteration instead, the floor of any two-script design;",
+		"minimal: two scripts with idemproxy's arguments, one GET and one SET PX each (no parsing, no clock), the floor of any design keeping a record with a TTL.",
 		fmt.Sprintf("redisfloor on cpu %s, redis-server on cpu %s (affinity read back: %s, %s), nothing else of the bench running; %v warm-up, then %v measured,",
 			cfg.cpus["wrk"], cfg.cpus["redis"], seen("redisfloor"), seen("redis"), floorWarmup, floorDuration),
 		fmt.Sprintf("FLUSHALL before each round, modes in turn (reversed every other round), medians of %d round(s).", cfg.rounds),
@@ -303,6 +306,10 @@ func floorReport(floors []floorResult, cfg *config, affinity map[string]string) 
 	}
 	if ss := byMode[floorModes[2]]; len(ss) > 0 {
 		parts = append(parts, fmt.Sprintf("idemproxy's scripts on pooled connections: %.1f µs", median(ss, redisUs)))
+	}
+	if ss := byMode[floorModes[3]]; len(ss) > 0 {
+		v := median(ss, redisUs)
+		parts = append(parts, fmt.Sprintf("two scripts with its arguments, one GET and one SET PX each (any design keeping a record with a TTL): %.1f µs, target %s even there", v, metMark(v <= floorTarget)))
 	}
 	out = append(out, "floor  "+strings.Join(parts, "; ")+".")
 	out = append(out, "redis µs/iteration: redis-server utime+stime (/proc/<pid>/stat) over the window / iterations. redis busy: the same over the",

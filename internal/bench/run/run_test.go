@@ -500,6 +500,7 @@ func TestFloorReport(t *testing.T) {
 		{mode: floorModes[0], samples: []floorSample{smp(40000, 24.4, 60), smp(41000, 23.9, 62), smp(39000, 25.0, 61)}},
 		{mode: floorModes[1], samples: []floorSample{smp(190000, 3.1, 97), smp(185000, 3.3, 96), smp(188000, 3.2, 80)}},
 		{mode: floorModes[2], samples: []floorSample{smp(30000, 40.0, 70), {iterPerSec: 29000, redisUs: 41, errors: 3, firstError: "claim x: i/o timeout"}, smp(31000, 39.0, 70)}},
+		{mode: floorModes[3], samples: []floorSample{smp(60000, 15.9, 80), smp(61000, 15.6, 80), smp(59000, 16.0, 80)}},
 	}
 	got := strings.Join(floorReport(floors, cfg, map[string]string{"redis": "1", "redisfloor": "0"}), "\n")
 	for _, want := range []string{
@@ -507,7 +508,8 @@ func TestFloorReport(t *testing.T) {
 		"redisfloor on cpu 0, redis-server on cpu 1 (affinity read back: 0, 1)",
 		"medians of 3 round(s)",
 		"floor  idemproxy's scripts, pipelined as it sends them: 24.4 µs of Redis CPU per first request; issue 14 target ≤ 15 µs: MISSED at the floor; " +
-			"any two scripts, same pipelining: 3.2 µs; idemproxy's scripts on pooled connections: 40.0 µs.",
+			"any two scripts, same pipelining: 3.2 µs; idemproxy's scripts on pooled connections: 40.0 µs; " +
+			"two scripts with its arguments, one GET and one SET PX each (any design keeping a record with a TTL): 15.9 µs, target MISSED even there.",
 		"NOTE: floor auto+return1 round 1: redisfloor used 97% of its core (Redis 59% of its own): the driver, not Redis, set the pace",
 		"NOTE: floor plain+scripts round 2: 3 failed iteration(s), the first: claim x: i/o timeout",
 	} {
@@ -519,6 +521,7 @@ func TestFloorReport(t *testing.T) {
 		`auto\+scripts\s+40000\s+24\.4\s+98%\s+0\.20\s+30\.0\s+10\.0\s+61%\s+5%\s+0\n`,
 		`auto\+return1\s+188000\s+3\.2\s+60%\s+0\.20\s+30\.0\s+10\.0\s+96%\s+5%\s+0\n`,
 		`plain\+scripts\s+30000\s+40\.0\s+\d+%\s+0\.20\s+30\.0\s+10\.0\s+70%\s+5%\s+3\n`,
+		`auto\+minimal\s+60000\s+15\.9\s+95%\s+0\.20\s+30\.0\s+10\.0\s+80%\s+5%\s+0\n`,
 	} {
 		if !regexp.MustCompile(re).MatchString(got) {
 			t.Errorf("no row matching %s:\n%s", re, got)
