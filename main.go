@@ -20,7 +20,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
-	"github.com/rs/zerolog/hlog"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -174,7 +173,7 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 		return nil, err
 	}
 	a := &app{logger: logger, store: st, handler: h, failed: make(chan error, 2), tracing: tr}
-	handler := hlog.NewHandler(logger)(hlog.RequestIDHandler("request_id", "X-Request-Id")(h))
+	handler := withRequestLog(logger, h)
 	a.proxySrv = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: newStdLog(logger)}
 	pl, err := net.Listen("tcp", cfg.ListenAddr)
