@@ -58,8 +58,9 @@ type Metrics struct {
 	cacheHits        prometheus.Counter
 	unknownOutcomes  *prometheus.CounterVec
 
-	mu      sync.RWMutex
-	counted map[[4]string]prometheus.Counter // (family, route, label, key source) -> series
+	mu       sync.RWMutex
+	counted  map[[4]string]prometheus.Counter  // (family, route, label, key source) -> series
+	observed map[[3]string]prometheus.Observer // (family, label, label) -> histogram series
 }
 
 // countRequest increments idemproxy_requests_total.
@@ -92,7 +93,8 @@ func (m *Metrics) countKey(k [4]string, series func() prometheus.Counter) {
 // NewMetrics creates the series and registers them with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		counted: map[[4]string]prometheus.Counter{},
+		counted:  map[[4]string]prometheus.Counter{},
+		observed: map[[3]string]prometheus.Observer{},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_requests_total",
 			Help: "Requests handled, by ROUTES pattern (\"default\" when no rule matched), outcome and where the key came from (header, derived, none).",
@@ -156,15 +158,35 @@ func (m *Metrics) ObserveScript(ev claim.Event) {
 		m.cacheHits.Inc()
 		return
 	}
-	m.script.WithLabelValues(string(ev.Op), ev.Result).Observe(ev.Duration.Seconds())
+	m.observe(m.script, "script", string(ev.Op), ev.Result, ev.Duration)
 }
+
+// statusClasses are the upstream histogram's class labels by status/100.
+var statusClasses = [...]string{1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
 
 func (m *Metrics) observeUpstream(route string, status int, d time.Duration) {
 	class := "error"
 	if status >= 100 && status < 600 {
-		class = strconv.Itoa(status/100) + "xx"
+		class = statusClasses[status/100]
 	}
-	m.upstream.WithLabelValues(route, class).Observe(d.Seconds())
+	m.observe(m.upstream, "upstream", route, class, d)
+}
+
+// observe records d in vec's series for the two label values, looked up
+// once and kept, as count does for counters: a first request observes
+// three histograms.
+func (m *Metrics) observe(vec *prometheus.HistogramVec, family, a, b string, d time.Duration) {
+	k := [3]string{family, a, b}
+	m.mu.RLock()
+	o, ok := m.observed[k]
+	m.mu.RUnlock()
+	if !ok {
+		o = vec.WithLabelValues(a, b)
+		m.mu.Lock()
+		m.observed[k] = o
+		m.mu.Unlock()
+	}
+	o.Observe(d.Seconds())
 }
 
 // statusText is strconv.Itoa without an allocation for the usual codes.
