@@ -1,8 +1,8 @@
-// Command ceilingproxy is the fastest design of idemproxy's first request
-// that the benchmark can imagine (issue 14: "where a target proves out of
-// reach, show the floor"): a bare httputil.ReverseProxy, exactly as
-// internal/bench/bareproxy, plus only what the contract cannot do without for
-// a request with a new Idempotency-Key:
+// Command ceilingproxy is a minimal two-script design of idemproxy's first
+// request, the benchmark's reference for what idemproxy's own features cost
+// (issue 14): a bare httputil.ReverseProxy, exactly as
+// internal/bench/bareproxy, plus the work of a first request with a new
+// Idempotency-Key in a design with one claim script and one complete script:
 //
 //   - the body read into memory and hashed (the fingerprint), the key hashed;
 //   - one claim script before forwarding (Redis TIME, then SET NX GET PX of a
@@ -13,19 +13,23 @@
 //   - one complete script before answering (GET, token check, TIME, SET PX:
 //     three commands, where complete.lua runs four);
 //   - both scripts through go-redis's automatic pipelining with idemproxy's
-//     options.
+//     options, each under a 5 s context deadline.
 //
 // With -redis "" it does all of that but the two scripts (no Redis at all):
-// the part of the ceiling's cost that is not Redis's round trips.
+// the part of its cost that is not Redis's round trips.
 //
-// Nothing else: no routes, no scope, no limits beyond a 1 MiB body, no
-// metrics, no logs, no replay cache, no problem documents, no deadlines but
-// the transport's. A duplicate is never forwarded: it gets the recorded
-// answer (from a map of the answers this process has replayed, as
-// idemproxy's replay cache, else from the claim script's reply), or 409. What
-// the benchmark measures with it in idemproxy's slot is
-// therefore a ceiling for any idemproxy with two Redis scripts per first
-// request on this client, not a product.
+// It is not the least any design can cost: the scripts read TIME to keep a
+// lock deadline and to tell a late completion, as idemproxy does, and a
+// design that claims with a plain SET NX outside a script costs Redis less
+// (internal/bench/redisfloor -script minimal prices two scripts that only
+// write). It leaves out what no first request of the benchmark needs: no
+// release of a claim whose forward failed (the next request takes it over
+// once its lock deadline has passed), no routes, scope, limits
+// beyond a 1 MiB body, metrics, logs, request ids or problem documents, and
+// no deadlines on the client connection. A duplicate is never forwarded: it
+// gets the recorded answer (from a map of the answers this process has
+// replayed, as idemproxy's replay cache does, else from the claim script's
+// reply), or 409.
 package main
 
 import (
@@ -53,22 +57,29 @@ import (
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
-// claimLua claims KEYS[1] when it is free: one TIME and one SET NX GET PX.
-// The value: state 'i', token (16 bytes), fingerprint (32 bytes), the lock
-// deadline in Redis milliseconds and a newline. A key already there is
-// answered with its recorded answer, "inflight" or "mismatch".
+// claimLua claims KEYS[1] when it is free, or when its lock deadline has
+// passed: one TIME and one SET NX GET PX. The value: state 'i', token (16
+// bytes), fingerprint (32 bytes), the lock deadline in Redis milliseconds
+// and a newline. A key already there is answered with its recorded answer,
+// "inflight" or "mismatch".
 // ARGV: token, fingerprint, lock ms, record TTL ms.
 const claimLua = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local v = redis.call('SET', KEYS[1], 'i' .. ARGV[1] .. ARGV[2] .. (now + tonumber(ARGV[3])) .. '\n', 'NX', 'GET', 'PX', ARGV[4])
+local mine = 'i' .. ARGV[1] .. ARGV[2] .. (now + tonumber(ARGV[3])) .. '\n'
+local v = redis.call('SET', KEYS[1], mine, 'NX', 'GET', 'PX', ARGV[4])
 if not v then
+  return {'claimed'}
+end
+local st = string.sub(v, 1, 1)
+if st == 'i' and tonumber(string.sub(v, 50, -2)) <= now then
+  redis.call('SET', KEYS[1], mine, 'PX', ARGV[4])
   return {'claimed'}
 end
 if string.sub(v, 18, 49) ~= ARGV[2] then
   return {'mismatch'}
 end
-if string.sub(v, 1, 1) == 'c' then
+if st == 'c' then
   return {'replay', string.sub(v, string.find(v, '\n', 50, true) + 1)}
 end
 return {'inflight'}

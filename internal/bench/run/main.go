@@ -77,6 +77,10 @@ type config struct {
 	// the work and the two Redis scripts a first request cannot do without;
 	// "local", the same work without Redis. "" for idemproxy.
 	idemCeiling string
+	// ceiling adds internal/bench/ceilingproxy ("redis" or "local") as a third
+	// target to every closed-loop round, so that bare, idemproxy and the
+	// ceiling alternate in one run. "" for none.
+	ceiling string
 
 	memSlack  int64 // bytes of RSS growth allowed beyond MAX_STORED_RESPONSE_BYTES
 	maxStored int64 // MAX_STORED_RESPONSE_BYTES in effect
@@ -163,7 +167,8 @@ func parseFlags(args []string) (*config, int) {
 	cpus := fs.String("cpus", "wrk=0,proxy=1,upstream=1,redis=1", "taskset cpu list per role")
 	fs.BoolVar(&cfg.idemBare, "idem-bare", false, "self-test: a second bare proxy takes idemproxy's slot (ratios show the noise floor)")
 	fs.StringVar(&cfg.idemBin, "idem-bin", "", "benchmark this idemproxy binary instead of building the tree")
-	fs.StringVar(&cfg.idemCeiling, "idem-ceiling", "", "floor: internal/bench/ceilingproxy takes idemproxy's slot: redis (a bare proxy plus the least a first request needs: body and answer in memory, key and fingerprint hashed, two minimal Redis scripts) or local (the same without Redis); -only unique,open")
+	fs.StringVar(&cfg.idemCeiling, "idem-ceiling", "", "internal/bench/ceilingproxy takes idemproxy's slot: redis (a bare proxy plus a minimal two-script design: body and answer in memory, key and fingerprint hashed, two small Redis scripts; -only unique,replay,mixed,open) or local (the same without Redis; -only unique,open)")
+	fs.StringVar(&cfg.ceiling, "ceiling", "", "add internal/bench/ceilingproxy (redis or local, as -idem-ceiling) as a third target to the closed-loop rounds, alternated with bare and idemproxy in the same run; -only unique,replay,mixed (local: unique)")
 	var idemEnv listFlag
 	fs.Var(&idemEnv, "idem-env", "extra KEY=VALUE in idemproxy's environment (repeatable)")
 	memSlackMiB := fs.Float64("mem-slack", 4, "MiB of RSS growth allowed on top of MAX_STORED_RESPONSE_BYTES in the 10 MiB check")
@@ -274,6 +279,26 @@ func parseFlags(args []string) (*config, int) {
 		}
 	}
 	cfg.idemEnv = idemEnv
+	if cfg.ceiling != "" {
+		if cfg.ceiling != "redis" && cfg.ceiling != "local" {
+			bad = append(bad, fmt.Sprintf("-ceiling: %q (want redis or local)", cfg.ceiling))
+		}
+		if cfg.idemBare || cfg.idemCeiling != "" {
+			bad = append(bad, "-ceiling: not with -idem-bare or -idem-ceiling")
+		}
+		ok := []string{"unique", "replay", "mixed"}
+		if cfg.ceiling == "local" {
+			ok = []string{"unique"}
+		}
+		for _, w := range cfg.workloads {
+			if !slices.Contains(ok, w) {
+				bad = append(bad, fmt.Sprintf("-ceiling %s: workload %q has no ceiling round (want -only %s)", cfg.ceiling, w, strings.Join(ok, ",")))
+			}
+		}
+		if cfg.mem {
+			bad = append(bad, fmt.Sprintf("-ceiling %s: workload \"mem\" has no ceiling round (want -only %s)", cfg.ceiling, strings.Join(ok, ",")))
+		}
+	}
 	if cfg.idemCeiling != "" {
 		if cfg.idemCeiling != "redis" && cfg.idemCeiling != "local" {
 			bad = append(bad, fmt.Sprintf("-idem-ceiling: %q (want redis or local)", cfg.idemCeiling))
@@ -318,6 +343,7 @@ type bench struct {
 	ncpu    int // cpus in /proc/stat
 
 	upstreamBin, bareBin, idemBin string
+	ceilingBin                    string
 	openBin                       string // the fixed-rate generator (internal/bench/openloop)
 	floorBin                      string // the scripts' driver of the floor phase (internal/bench/redisfloor)
 	script, eventTpl              string
@@ -476,12 +502,13 @@ func (b *bench) setup(ctx context.Context) error {
 	b.floorBin = filepath.Join(cfg.workdir, "redisfloor")
 	b.upstreamBin = filepath.Join(cfg.workdir, "upstream")
 	b.bareBin = filepath.Join(cfg.workdir, "bareproxy")
+	b.ceilingBin = filepath.Join(cfg.workdir, "ceilingproxy")
 	switch {
 	case cfg.idemBare:
 		b.idemBin = b.bareBin
 		logf("-idem-bare: a second bare proxy takes idemproxy's slot")
 	case cfg.idemCeiling != "":
-		b.idemBin = filepath.Join(cfg.workdir, "ceilingproxy")
+		b.idemBin = b.ceilingBin
 		logf("-idem-ceiling %s: the ceiling proxy takes idemproxy's slot", cfg.idemCeiling)
 	case cfg.idemBin != "":
 		if b.idemBin, err = filepath.Abs(cfg.idemBin); err != nil {
@@ -780,12 +807,12 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], baseEnv(), logPath, b.bareBin,
 			"-listen", addr, "-upstream", up.url)
 		ready = func() error { return b.get(t.url + "/healthz") }
-	} else if b.cfg.idemCeiling != "" {
+	} else if mode := b.ceilingMode(kind); mode != "" {
 		redisAddr := b.redisAddr
-		if b.cfg.idemCeiling == "local" {
+		if mode == "local" {
 			redisAddr = ""
 		}
-		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], baseEnv(), logPath, b.idemBin,
+		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], baseEnv(), logPath, b.ceilingBin,
 			"-listen", addr, "-upstream", up.url, "-redis", redisAddr)
 		ready = func() error { return b.get(t.url + "/healthz") }
 	} else {
@@ -819,6 +846,19 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 	}
 	b.noteAffinity("proxy", t.p)
 	return t, nil
+}
+
+// ceilingMode is the ceiling proxy's mode when target kind runs it: the
+// third target of -ceiling, or idemproxy's slot with -idem-ceiling; "" when
+// kind is idemproxy or the bare proxy.
+func (b *bench) ceilingMode(kind string) string {
+	switch {
+	case kind == "ceil":
+		return b.cfg.ceiling
+	case kind != "bare" && b.cfg.idemCeiling != "":
+		return b.cfg.idemCeiling
+	}
+	return ""
 }
 
 // get succeeds on a 2xx answer.

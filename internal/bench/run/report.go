@@ -71,13 +71,14 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 			}
 			row("bare", r.bare)
 			row(idemName, r.idem)
-			ratio := func(f func(sample) float64) float64 {
-				d := median(r.bare, f)
+			ratioOf := func(num, den []sample, f func(sample) float64) float64 {
+				d := median(den, f)
 				if d == 0 {
 					return 0
 				}
-				return median(r.idem, f) / d
+				return median(num, f) / d
 			}
+			ratio := func(f func(sample) float64) float64 { return ratioOf(r.idem, r.bare, f) }
 			rs := map[string]float64{
 				"req/s": ratio(func(s sample) float64 { return s.rps }),
 				"p50":   ratio(func(s sample) float64 { return s.p50ms }),
@@ -116,6 +117,28 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s/bare\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t\t\t\t\n", r.workload, delay, idemName,
 				rs["req/s"], rs["p50"], rs["p99"], rs["cpu"], rs["rss"])
+			if len(r.ceil) > 0 {
+				ceilName := "ceiling(" + cfg.ceiling + ")"
+				row(ceilName, r.ceil)
+				ratios := func(name string, num, den []sample) {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t\t\t\t\n", r.workload, delay, name,
+						ratioOf(num, den, func(s sample) float64 { return s.rps }),
+						ratioOf(num, den, func(s sample) float64 { return s.p50ms }),
+						ratioOf(num, den, func(s sample) float64 { return s.p99ms }),
+						ratioOf(num, den, func(s sample) float64 { return s.cpuUs }),
+						ratioOf(num, den, func(s sample) float64 { return s.rssMiB }))
+				}
+				ratios(ceilName+"/bare", r.ceil, r.bare)
+				ratios(idemName+"/"+ceilName, r.idem, r.ceil)
+				var pairs []string
+				for i := 0; i < len(r.bare) && i < len(r.idem) && i < len(r.ceil); i++ {
+					pairs = append(pairs, fmt.Sprintf("%.2f/%.2f", r.idem[i].rps/r.bare[i].rps, r.ceil[i].rps/r.bare[i].rps))
+				}
+				below = append(below, fmt.Sprintf("%-6s delay %-4s req/s ratio to bare per round, idem/%s: %s", r.workload, delay, ceilName, strings.Join(pairs, " ")))
+				if c := cmdsLine(r.ceil); c != "" {
+					cmds = append(cmds, fmt.Sprintf("%-6s delay %-4s %s: %s%s", r.workload, delay, ceilName, c, readsLine(r.ceil)))
+				}
+			}
 		}
 		tw.Flush()
 		fmt.Fprintln(w)

@@ -42,6 +42,7 @@ type result struct {
 	workload   string
 	delay      time.Duration
 	bare, idem []sample
+	ceil       []sample // -ceiling: the ceiling proxy's rounds, else none
 }
 
 // delayGroup runs every workload against an upstream with this delay.
@@ -58,11 +59,7 @@ func (b *bench) delayGroup(ctx context.Context, delay time.Duration) ([]result, 
 		}
 		res := result{workload: wl, delay: delay}
 		for r := 0; r < b.cfg.rounds; r++ {
-			order := []string{"bare", "idem"}
-			if r%2 == 1 {
-				order = []string{"idem", "bare"}
-			}
-			for _, kind := range order {
+			for _, kind := range roundOrder(r, b.cfg.ceiling != "") {
 				s, err := b.round(ctx, up, wl, kind, r, delay)
 				if err != nil {
 					if len(res.bare) > 0 && len(res.idem) > 0 {
@@ -71,9 +68,12 @@ func (b *bench) delayGroup(ctx context.Context, delay time.Duration) ([]result, 
 					return out, fmt.Errorf("%s delay=%v round %d %s: %w", wl, delay, r+1, kind, err)
 				}
 				b.logSample(delay, wl, r, kind, s)
-				if kind == "bare" {
+				switch kind {
+				case "bare":
 					res.bare = append(res.bare, s)
-				} else {
+				case "ceil":
+					res.ceil = append(res.ceil, s)
+				default:
 					res.idem = append(res.idem, s)
 				}
 			}
@@ -91,6 +91,22 @@ func (b *bench) delayGroup(ctx context.Context, delay time.Duration) ([]result, 
 		}
 	}
 	return out, nil
+}
+
+// roundOrder is the order of the targets in round r: bare and idemproxy
+// alternate; with the ceiling each of the three goes first, second and
+// third in turn, so that a drift of the machine's speed during a run does
+// not favour one of them.
+func roundOrder(r int, ceiling bool) []string {
+	if !ceiling {
+		if r%2 == 1 {
+			return []string{"idem", "bare"}
+		}
+		return []string{"bare", "idem"}
+	}
+	all := []string{"bare", "idem", "ceil"}
+	k := r % 3
+	return append(append([]string{}, all[k:]...), all[:k]...)
 }
 
 // logSample prints one measured wrk round on stderr.

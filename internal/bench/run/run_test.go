@@ -509,7 +509,7 @@ func TestFloorReport(t *testing.T) {
 		"medians of 3 round(s)",
 		"floor  idemproxy's scripts, pipelined as it sends them: 24.4 µs of Redis CPU per first request; issue 14 target ≤ 15 µs: MISSED at the floor; " +
 			"any two scripts, same pipelining: 3.2 µs; idemproxy's scripts on pooled connections: 40.0 µs; " +
-			"two scripts with its arguments, one GET and one SET PX each (any design keeping a record with a TTL): 15.9 µs, target MISSED even there.",
+			"two scripts that write once each and check nothing (below any correct two-script design): 15.9 µs, under the target: no.",
 		"NOTE: floor auto+return1 round 1: redisfloor used 97% of its core (Redis 59% of its own): the driver, not Redis, set the pace",
 		"NOTE: floor plain+scripts round 2: 3 failed iteration(s), the first: claim x: i/o timeout",
 	} {
@@ -537,5 +537,80 @@ func TestFloorReport(t *testing.T) {
 	}
 	if floorReport(nil, cfg, nil) != nil {
 		t.Error("no floor results: want no section")
+	}
+}
+
+func TestRoundOrder(t *testing.T) {
+	if got := roundOrder(0, false); !slices.Equal(got, []string{"bare", "idem"}) {
+		t.Errorf("round 0: %q", got)
+	}
+	if got := roundOrder(1, false); !slices.Equal(got, []string{"idem", "bare"}) {
+		t.Errorf("round 1: %q", got)
+	}
+	// With the ceiling, each target goes first, second and third once in
+	// three rounds, and every round has all three.
+	pos := map[string][]int{}
+	for r := range 3 {
+		o := roundOrder(r, true)
+		if len(o) != 3 {
+			t.Fatalf("round %d: %q", r, o)
+		}
+		for i, k := range o {
+			pos[k] = append(pos[k], i)
+		}
+	}
+	for _, k := range []string{"bare", "idem", "ceil"} {
+		p := slices.Clone(pos[k])
+		slices.Sort(p)
+		if !slices.Equal(p, []int{0, 1, 2}) {
+			t.Errorf("%s at positions %v over three rounds, want each of 0, 1, 2 once", k, pos[k])
+		}
+	}
+}
+
+func TestParseFlagsCeiling(t *testing.T) {
+	cfg, code := parseFlags([]string{"-ceiling", "redis", "-only", "unique,replay,mixed"})
+	if code >= 0 || cfg.ceiling != "redis" {
+		t.Errorf("-ceiling redis: code %d, ceiling %q", code, cfg.ceiling)
+	}
+	for _, bad := range [][]string{
+		{"-ceiling", "redis"}, // the default set has open and mem
+		{"-ceiling", "local", "-only", "replay"},
+		{"-ceiling", "both", "-only", "unique"},
+		{"-ceiling", "redis", "-only", "unique", "-idem-ceiling", "redis"},
+		{"-ceiling", "redis", "-only", "unique", "-idem-bare"},
+	} {
+		if _, code := parseFlags(bad); code != exitUsage {
+			t.Errorf("parseFlags(%q): exit code %d, want %d", bad, code, exitUsage)
+		}
+	}
+}
+
+// The report puts the ceiling's rows beside idemproxy's when it ran: its
+// medians, its ratios to bare, and idemproxy's ratios to it.
+func TestReportCeilingRows(t *testing.T) {
+	cfg, code := parseFlags([]string{"-ceiling", "redis", "-only", "unique", "-rounds", "3"})
+	if code >= 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	b := &bench{cfg: cfg}
+	smp := func(rps, cpu float64) sample { return sample{rps: rps, cpuUs: cpu, p50ms: 1, p99ms: 2, rssMiB: 20} }
+	res := []result{{workload: "unique", delay: 0,
+		bare: []sample{smp(1000, 100), smp(1000, 100), smp(1000, 100)},
+		idem: []sample{smp(600, 140), smp(620, 140), smp(640, 140)},
+		ceil: []sample{smp(700, 120), smp(720, 120), smp(740, 120)},
+	}}
+	var sb strings.Builder
+	b.report(&sb, res, nil, cpuTimes{}, "")
+	got := sb.String()
+	for _, re := range []string{
+		`unique\s+0\s+ceiling\(redis\)\s+720\s`,
+		`unique\s+0\s+ceiling\(redis\)/bare\s+0\.72×\s+1\.00×\s+1\.00×\s+1\.20×`,
+		`unique\s+0\s+idem/ceiling\(redis\)\s+0\.86×\s+1\.00×\s+1\.00×\s+1\.17×`,
+		`req/s ratio to bare per round, idem/ceiling\(redis\): 0\.60/0\.70 0\.62/0\.72 0\.64/0\.74`,
+	} {
+		if !regexp.MustCompile(re).MatchString(got) {
+			t.Errorf("no match for %s in:\n%s", re, got)
+		}
 	}
 }
