@@ -105,16 +105,19 @@ func TestSlowUploadThenStreamedAnswer(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, miniBackend, func(o *proxy.Options) {
-				o.UpstreamTimeout = time.Second
+				// 2s: the watchdog runs from the last piece until the answer's
+				// headers, which takes milliseconds, but a loaded CI machine
+				// (-race, packages in parallel) once stretched it past 1s.
+				o.UpstreamTimeout = 2 * time.Second
 				o.RequestReadTimeout = 2 * time.Second
 			})
 			e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 				_, _ = io.Copy(io.Discard, r.Body)
 				tc.upstream(w)
 			})
-			// 8 pieces, 200ms apart: 1.6s of upload, every gap a tenth of
+			// 12 pieces, 200ms apart: 2.4s of upload, every gap a tenth of
 			// REQUEST_READ_TIMEOUT; the whole upload outlasts UPSTREAM_TIMEOUT.
-			resp, body, err := slowUpload(t, e, "/upload", 8, 200*time.Millisecond)
+			resp, body, err := slowUpload(t, e, "/upload", 12, 200*time.Millisecond)
 			if err != nil {
 				t.Fatalf("ANSWER LOST: the client uploaded steadily and the upstream answered at once, but the client got: %v", err)
 			}
