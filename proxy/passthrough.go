@@ -114,8 +114,12 @@ func proxyHeaders(h http.Header, echoName string) savedHeaders {
 	return savedHeaders{requestID: h["X-Request-Id"], echo: h[echoName], echoName: echoName}
 }
 
+// restore puts them back over whatever the upstream sent: the request id is
+// the proxy's, new on each answer and named in its access log (an upstream's
+// own X-Request-Id would otherwise be added beside it, or replace it on a
+// replay).
 func (s savedHeaders) restore(h http.Header) {
-	if s.requestID != nil && h["X-Request-Id"] == nil {
+	if s.requestID != nil {
 		h["X-Request-Id"] = s.requestID
 	}
 	if s.echo != nil {
