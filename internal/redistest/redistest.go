@@ -47,11 +47,33 @@ func Binary(t testing.TB) string {
 // ("maxmemory-policy noeviction").
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
-	s := &Server{t: t, bin: Binary(t), port: FreePort(t), dir: t.TempDir(), args: extra}
-	s.start()
+	s := &Server{t: t, bin: Binary(t), dir: t.TempDir(), args: extra}
 	t.Cleanup(s.Kill)
+	// FreePort's port can be taken before redis-server binds it (by another
+	// test's server, or as the local port of an outgoing connection): a
+	// server that exits saying so is started again on another port.
+	for attempt := 1; ; attempt++ {
+		s.port = pickPort(t)
+		out, err := s.launch()
+		if err == nil {
+			break
+		}
+		if attempt == 3 || !strings.Contains(out, "Address already in use") {
+			t.Fatalf("%v; its output:\n%s", err, out)
+		}
+		t.Logf("redis-server could not bind port %d (or its cluster bus port), trying others", s.port)
+		for i, line := range s.args {
+			if strings.HasPrefix(line, "cluster-port ") {
+				s.args[i] = "cluster-port " + strconv.Itoa(FreePort(t))
+			}
+		}
+	}
+	s.waitPing()
 	return s
 }
+
+// pickPort is the port Start tries; a test of the retry replaces it.
+var pickPort = FreePort
 
 // FreePort returns a loopback TCP port that was free a moment ago.
 func FreePort(t testing.TB) int {
@@ -96,26 +118,52 @@ func (s *Server) Config() string {
 
 func (s *Server) start() {
 	s.t.Helper()
+	if out, err := s.launch(); err != nil {
+		s.t.Fatalf("%v; its output:\n%s", err, out)
+	}
+	s.waitPing()
+}
+
+// launch starts redis-server with s's config and waits until it says it is
+// ready. On failure (it exited, or was not ready after 10s; it is stopped
+// then) it returns what the server wrote.
+func (s *Server) launch() (string, error) {
 	// Config on stdin ("-"), as miniredis's integration tests do.
 	cmd := exec.Command(s.bin, "-")
 	cmd.Stdin = strings.NewReader(s.Config())
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		s.t.Fatalf("redis-server stdout: %v", err)
+		return "", fmt.Errorf("redis-server stdout: %w", err)
 	}
 	cmd.Stderr = cmd.Stdout
 	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("start redis-server: %v", err)
+		return "", fmt.Errorf("start redis-server: %w", err)
 	}
 	s.mu.Lock()
 	s.cmd = cmd
 	s.mu.Unlock()
-	// Keep draining its output so it never blocks on a full pipe.
-	ready := make(chan struct{})
-	var once sync.Once
+	// Keep draining its output so it never blocks on a full pipe; keep the
+	// first lines for a failure's message.
+	ready, exited := make(chan struct{}), make(chan struct{})
+	var (
+		once   sync.Once
+		logMu  sync.Mutex
+		logged []string
+	)
+	output := func() string {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return strings.Join(logged, "\n")
+	}
 	go func() {
+		defer close(exited)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
+			logMu.Lock()
+			if len(logged) < 50 {
+				logged = append(logged, sc.Text())
+			}
+			logMu.Unlock()
 			if strings.Contains(sc.Text(), "Ready to accept connections") {
 				once.Do(func() { close(ready) })
 			}
@@ -123,11 +171,14 @@ func (s *Server) start() {
 	}()
 	select {
 	case <-ready:
+		return "", nil
+	case <-exited:
+		s.Kill()
+		return output(), fmt.Errorf("redis-server on port %d exited before it was ready", s.port)
 	case <-time.After(10 * time.Second):
 		s.Kill()
-		s.t.Fatalf("redis-server on port %d not ready after 10s", s.port)
+		return output(), fmt.Errorf("redis-server on port %d not ready after 10s", s.port)
 	}
-	s.waitPing()
 }
 
 func (s *Server) waitPing() {
