@@ -2,34 +2,23 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"sync"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/rs/zerolog/hlog"
+
+	"github.com/idemproxy/idemproxy/internal/testutil"
 )
-
-// lockedBuffer: the handler's log lines are written from the server's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
 
 // Every answer carries a new X-Request-Id, and the request's log lines carry
 // the same id as request_id.
 func TestRequestLogIDInHeaderAndLog(t *testing.T) {
-	var logs lockedBuffer
+	var logs testutil.SyncBuffer
 	logger := zerolog.New(&logs)
 	h := withRequestLog(logger, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hlog.FromRequest(r).Info().Str("path", r.URL.Path).Msg("request")
@@ -53,9 +42,7 @@ func TestRequestLogIDInHeaderAndLog(t *testing.T) {
 	if ids[0] == ids[1] {
 		t.Errorf("two requests, one id %q", ids[0])
 	}
-	logs.mu.Lock()
-	defer logs.mu.Unlock()
-	sc := bufio.NewScanner(&logs.b)
+	sc := bufio.NewScanner(strings.NewReader(logs.String()))
 	var n int
 	for sc.Scan() {
 		var line struct {
