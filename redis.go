@@ -12,6 +12,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
+
+	"github.com/idemproxy/idemproxy/claim"
 )
 
 // go-redis retries a failed command 3 times and a failed dial 5 times, with
@@ -200,25 +202,11 @@ func (s *store) scripter(cfg *Config) (redis.Scripter, error) {
 	if !ok {
 		return s.client, nil
 	}
-	ap, err := c.AutoPipelineWithOptions(autoPipelineOptions())
+	ap, err := c.AutoPipelineWithOptions(claim.AutoPipelineOptions())
 	if err != nil {
 		return nil, fmt.Errorf("REDIS_AUTOPIPELINE: %w", err)
 	}
 	return ap, nil
-}
-
-// autoPipelineOptions are go-redis's blocking-face defaults
-// (DefaultBlockingAutoPipelineOptions) with batches of at most 100 commands
-// instead of 300. go-redis takes every new batch queue from a pool of
-// 100-command slices and allocates a fresh one when the batch size asks for
-// more: 4.8 KB of garbage per flush, a sixth of all the proxy allocated per
-// first request (allocation profile of make bench's unique workload). A
-// batch here holds one or two scripts per request in flight; the size is a
-// soft bound, and a busier queue still flushes as one larger pipeline.
-func autoPipelineOptions() *redis.AutoPipelineOptions {
-	o := redis.DefaultBlockingAutoPipelineOptions()
-	o.MaxBatchSize = 100
-	return o
 }
 
 // ping checks that Redis answers. With Cluster every master must answer:

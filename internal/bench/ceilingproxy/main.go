@@ -240,9 +240,7 @@ func newCeiling(u *url.URL, redisAddr string) (*ceiling, error) {
 	if redisAddr != "" {
 		// The client as idemproxy makes it from REDIS_URL (redis.go).
 		rdb := redis.NewClient(&redis.Options{Addr: redisAddr, MaxRetries: 1, DialerRetries: 1})
-		o := redis.DefaultBlockingAutoPipelineOptions()
-		o.MaxBatchSize = 100
-		ap, err := rdb.AutoPipelineWithOptions(o)
+		ap, err := rdb.AutoPipelineWithOptions(claim.AutoPipelineOptions())
 		if err != nil {
 			return nil, fmt.Errorf("AutoPipeline: %w", err)
 		}

@@ -129,11 +129,7 @@ func run(addr string, g int, duration, warmup time.Duration, script, client, pre
 	defer rdb.Close()
 	var scripter redis.Scripter = rdb
 	if client == "auto" {
-		// idemproxy's options (redis.go autoPipelineOptions): batches of at
-		// most 100 commands.
-		o := redis.DefaultBlockingAutoPipelineOptions()
-		o.MaxBatchSize = 100
-		ap, err := rdb.AutoPipelineWithOptions(o)
+		ap, err := rdb.AutoPipelineWithOptions(claim.AutoPipelineOptions()) // as idemproxy
 		if err != nil {
 			return fmt.Errorf("AutoPipeline: %w", err)
 		}
