@@ -5,11 +5,9 @@ import (
 
 	"github.com/rs/xid"
 	"github.com/rs/zerolog"
-)
 
-// requestIDHeader carries each answer's request id, also logged as
-// request_id (README "Operating it").
-const requestIDHeader = "X-Request-Id"
+	"github.com/idemproxy/idemproxy/proxy"
+)
 
 // withRequestLog gives every request a new id, sent as X-Request-Id, and a
 // logger that carries it as request_id, which hlog.FromRequest returns.
@@ -21,7 +19,7 @@ func withRequestLog(logger zerolog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := xid.New().String()
 		l := logger.With().Str("request_id", id).Logger()
-		w.Header()[requestIDHeader] = []string{id}
+		w.Header()[proxy.RequestIDHeader] = []string{id}
 		next.ServeHTTP(w, r.WithContext(l.WithContext(r.Context())))
 	})
 }

@@ -24,8 +24,10 @@ var chunkPool = sync.Pool{New: func() any { b := make([]byte, bodyChunk); return
 var errBodyTimeout = errors.New("request body not received within REQUEST_READ_TIMEOUT")
 
 // readBody reads a keyed request's body, at most limit bytes, within
-// timeout (rc: the request's ResponseController, which sets the read deadline). It holds at most what has arrived plus one chunk until the body is
-// complete, then copies it into one slice of its real size. When the body is
+// timeout (a read deadline set through rc, the request's
+// ResponseController). It holds at most what has arrived plus one chunk
+// until the body is complete, then copies it into one slice of its real
+// size. When the body is
 // too large, it returns what it consumed with the error (at most limit plus
 // one read), so that observe mode can still forward it whole.
 //

@@ -538,11 +538,11 @@ func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record, res *result) 
 		return
 	}
 	res.status, res.outcome = rec.Status, outcomeReplayed
-	echo, id := hdr.Values(h.opts.KeyHeader), hdr["X-Request-Id"]
+	echo, id := hdr.Values(h.opts.KeyHeader), hdr[RequestIDHeader]
 	copyRecordable(hdr, rec.Header)
 	hdr[h.opts.KeyHeader] = echo
 	if id != nil { // this answer's id, not the one the upstream recorded
-		hdr["X-Request-Id"] = id
+		hdr[RequestIDHeader] = id
 	}
 	if len(rec.Trailer) > 0 {
 		// Trailers need a chunked body: no length, and announced up front.

@@ -102,6 +102,11 @@ func plainResponse(res *http.Response) error {
 	return nil
 }
 
+// RequestIDHeader carries each answer's request id, which the proxy sets
+// before a request reaches the Handler (the access log's request_id). The
+// Handler keeps it over an upstream's own header of that name.
+const RequestIDHeader = "X-Request-Id"
+
 // proxyHeaders are the headers the proxy itself set on the answer before
 // forwarding (request id, key echo). ReverseProxy clears the header map after
 // relaying a 1xx answer; the final answer gets them back.
@@ -111,7 +116,7 @@ type savedHeaders struct {
 }
 
 func proxyHeaders(h http.Header, echoName string) savedHeaders {
-	return savedHeaders{requestID: h["X-Request-Id"], echo: h[echoName], echoName: echoName}
+	return savedHeaders{requestID: h[RequestIDHeader], echo: h[echoName], echoName: echoName}
 }
 
 // restore puts them back over whatever the upstream sent: the request id is
@@ -120,7 +125,7 @@ func proxyHeaders(h http.Header, echoName string) savedHeaders {
 // replay).
 func (s savedHeaders) restore(h http.Header) {
 	if s.requestID != nil {
-		h["X-Request-Id"] = s.requestID
+		h[RequestIDHeader] = s.requestID
 	}
 	if s.echo != nil {
 		h[s.echoName] = s.echo // set, not added: an upstream echo must not double it
