@@ -27,9 +27,9 @@ var errBodyTimeout = errors.New("request body not received within REQUEST_READ_T
 // timeout (a read deadline set through rc, the request's
 // ResponseController). It holds at most what has arrived plus one chunk
 // until the body is complete, then copies it into one slice of its real
-// size. When the body is
-// too large, it returns what it consumed with the error (at most limit plus
-// one read), so that observe mode can still forward it whole.
+// size. When the body is too large, it returns what it consumed with the
+// error (at most limit plus one read), so that observe mode can still
+// forward it whole.
 //
 // perRead (observe mode) bounds each read by timeout instead of the whole
 // body, as for a pass-through body: observe must not refuse a body that a
