@@ -16,7 +16,13 @@
 //     options, each under a 5 s context deadline.
 //
 // With -redis "" it does all of that but the two scripts (no Redis at all):
-// the part of its cost that is not Redis's round trips.
+// the part of its cost that is not Redis's round trips. With -design
+// commands it claims and records with two plain commands instead of the
+// scripts: SET NX GET PX of 'i', token and fingerprint (the previous value
+// answers a duplicate), then SET PX of the record. No clock, no lock
+// deadline (an abandoned claim holds its key for the record TTL), no token
+// check: the least any design writes to Redis for a first request, a floor
+// rather than a design to ship.
 //
 // It is not the least any design can cost: the scripts read TIME to keep a
 // lock deadline and to tell a late completion, as idemproxy does, and a
@@ -114,9 +120,16 @@ const (
 	redisWait = 5 * time.Second
 )
 
+// redisClient sends the scripts, or the commands of -design commands.
+type redisClient interface {
+	redis.Scripter
+	Do(ctx context.Context, args ...any) *redis.Cmd
+}
+
 type ceiling struct {
-	rp  *httputil.ReverseProxy
-	rdb redis.Scripter // nil: no Redis, the scripts are skipped (-redis "")
+	rp       *httputil.ReverseProxy
+	rdb      redisClient // nil: no Redis, the scripts are skipped (-redis "")
+	commands bool        // -design commands: plain SET NX GET PX and SET PX
 
 	mu       sync.Mutex
 	replayed map[[sha256.Size]byte]replayed // by key hash, at most maxReplayed
@@ -129,10 +142,14 @@ type replayed struct {
 
 const maxReplayed = 10_000
 
-// tokenKey carries a request's claim (record key and token) to ModifyResponse.
+// tokenKey carries a request's claim (record key, token, fingerprint) to
+// ModifyResponse.
 type tokenKey struct{}
 
-type lease struct{ key, token string }
+type lease struct {
+	key, token string
+	fp         [sha256.Size]byte
+}
 
 func (c *ceiling) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key := r.Header.Get("Idempotency-Key")
@@ -162,7 +179,7 @@ func (c *ceiling) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	res := []any{"claimed"}
 	if c.rdb != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), redisWait)
-		res, err = claimScript.Run(ctx, c.rdb, []string{rk}, string(tok[:]), fp[:], lockTTL, recordTTL).Slice()
+		res, err = c.claim(ctx, rk, tok[:], fp[:])
 		cancel()
 	}
 	switch {
@@ -189,7 +206,38 @@ func (c *ceiling) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
-	c.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tokenKey{}, lease{rk, string(tok[:])})))
+	c.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tokenKey{}, lease{rk, string(tok[:]), fp})))
+}
+
+// claim answers as claimLua does: {"claimed"}, {"replay", record},
+// {"inflight"} or {"mismatch"}.
+func (c *ceiling) claim(ctx context.Context, rk string, tok, fp []byte) ([]any, error) {
+	if !c.commands {
+		return claimScript.Run(ctx, c.rdb, []string{rk}, string(tok), fp, lockTTL, recordTTL).Slice()
+	}
+	v, err := c.rdb.Do(ctx, "SET", rk, "i"+string(tok)+string(fp), "NX", "GET", "PX", recordTTL).Text()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return []any{"claimed"}, nil
+	case err != nil:
+		return nil, err
+	case len(v) < 49 || v[17:49] != string(fp):
+		return []any{"mismatch"}, nil
+	case v[0] == 'c':
+		return []any{"replay", v[49:]}, nil
+	}
+	return []any{"inflight"}, nil
+}
+
+// complete records enc under rk as completeLua does, or with a plain SET
+// PX (-design commands: no token check, so never "lost").
+func (c *ceiling) complete(ctx context.Context, rk string, tok string, fp, enc []byte) (string, error) {
+	if !c.commands {
+		return completeScript.Run(ctx, c.rdb, []string{rk}, tok, enc, recordTTL).Text()
+	}
+	v := make([]byte, 0, 49+len(enc))
+	v = append(append(append(append(v, 'c'), tok...), fp...), enc...)
+	return "ok", c.rdb.Do(ctx, "SET", rk, v, "PX", recordTTL).Err()
 }
 
 func replay(w http.ResponseWriter, rec *claim.Record) {
@@ -220,7 +268,7 @@ func (c *ceiling) record(resp *http.Response) error {
 	if c.rdb != nil {
 		ctx, cancel := context.WithTimeout(resp.Request.Context(), redisWait)
 		defer cancel()
-		res, err := completeScript.Run(ctx, c.rdb, []string{l.key}, l.token, enc, recordTTL).Text()
+		res, err := c.complete(ctx, l.key, l.token, l.fp[:], enc)
 		if err != nil {
 			return fmt.Errorf("complete: %w", err)
 		}
@@ -234,9 +282,10 @@ func (c *ceiling) record(resp *http.Response) error {
 	return nil
 }
 
-// newCeiling forwards to u and claims in the Redis at redisAddr ("" for none).
-func newCeiling(u *url.URL, redisAddr string) (*ceiling, error) {
-	c := &ceiling{replayed: map[[sha256.Size]byte]replayed{}}
+// newCeiling forwards to u and claims in the Redis at redisAddr ("" for
+// none) with the scripts, or with plain commands when commands is set.
+func newCeiling(u *url.URL, redisAddr string, commands bool) (*ceiling, error) {
+	c := &ceiling{replayed: map[[sha256.Size]byte]replayed{}, commands: commands}
 	if redisAddr != "" {
 		// The client as idemproxy makes it from REDIS_URL (redis.go).
 		rdb := redis.NewClient(&redis.Options{Addr: redisAddr, MaxRetries: 1, DialerRetries: 1})
@@ -268,14 +317,20 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "listen address")
 	upstream := flag.String("upstream", "", "upstream base URL (required)")
 	redisAddr := flag.String("redis", "", "redis-server host:port; \"\": no Redis, the scripts are skipped")
+	design := flag.String("design", "scripts", "scripts: claim and complete scripts; commands: a plain SET NX GET PX and a plain SET PX (no lock deadline, no token check)")
 	flag.Parse()
+
+	if *design != "scripts" && *design != "commands" {
+		fmt.Fprintf(os.Stderr, "ceilingproxy: -design %q: want scripts or commands\n", *design)
+		os.Exit(2)
+	}
 
 	u, err := url.Parse(*upstream)
 	if err != nil || u.Scheme == "" || u.Host == "" {
 		fmt.Fprintf(os.Stderr, "ceilingproxy: -upstream %q: want an absolute URL\n", *upstream)
 		os.Exit(2)
 	}
-	c, err := newCeiling(u, *redisAddr)
+	c, err := newCeiling(u, *redisAddr, *design == "commands")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ceilingproxy:", err)
 		os.Exit(1)

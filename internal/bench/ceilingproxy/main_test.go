@@ -31,7 +31,7 @@ func TestCeilingClaimsForwardsOnceAndRecords(t *testing.T) {
 	}))
 	defer up.Close()
 	u, _ := url.Parse(up.URL)
-	c, err := newCeiling(u, srv.Addr())
+	c, err := newCeiling(u, srv.Addr(), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func TestCeilingLocalForwardsEveryRequest(t *testing.T) {
 	}))
 	defer up.Close()
 	u, _ := url.Parse(up.URL)
-	c, err := newCeiling(u, "")
+	c, err := newCeiling(u, "", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,5 +120,81 @@ func TestCeilingLocalForwardsEveryRequest(t *testing.T) {
 	}
 	if n := hits.Load(); n != 2 {
 		t.Errorf("upstream hits %d, want 2", n)
+	}
+}
+
+// With -design commands a first request is claimed and recorded by two
+// plain SETs, no script: forwarded once, its duplicate replayed from the
+// claim's reply, a different body under the same key refused.
+func TestCeilingCommandsClaimsWithTwoPlainSets(t *testing.T) {
+	srv := redistest.Start(t)
+	var hits atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte("answer"))
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	c, err := newCeiling(u, srv.Addr(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(c)
+	defer front.Close()
+	rdb := srv.Client()
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	post := func(body string) (int, string, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, front.URL, strings.NewReader(body))
+		req.Header.Set("Idempotency-Key", "same")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed")
+	}
+	if code, body, replayed := post("x"); code != http.StatusCreated || body != "answer" || replayed != "" {
+		t.Fatalf("first request: %d %q replayed %q", code, body, replayed)
+	}
+	// Before the duplicate: nothing in the process's map yet, so the
+	// replay comes from the claim's reply.
+	if code, body, replayed := post("x"); code != http.StatusCreated || body != "answer" || replayed != "true" {
+		t.Errorf("duplicate: %d %q replayed %q, want the recorded answer", code, body, replayed)
+	}
+	if code, _, _ := post("y"); code != http.StatusConflict {
+		t.Errorf("another body under the same key: %d, want 409", code)
+	}
+	if got := hits.Load(); got != 1 {
+		t.Errorf("upstream hits %d, want 1", got)
+	}
+	stats, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(stats, "cmdstat_eval") {
+		t.Errorf("a script ran:\n%s", stats)
+	}
+	// Two SETs for the first request, one (refused) for each duplicate.
+	if !strings.Contains(stats, "cmdstat_set:calls=4,") {
+		t.Errorf("want 4 SET calls:\n%s", stats)
+	}
+	keys, err := rdb.Keys(ctx, "idem:{*}").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("keys %q, %v: want one record", keys, err)
+	}
+	v, err := rdb.Get(ctx, keys[0]).Result()
+	if err != nil || len(v) < 49 || v[0] != 'c' {
+		t.Fatalf("record %q, %v: want state c", v, err)
+	}
+	if rec, err := claim.DecodeRecord([]byte(v[49:])); err != nil || rec.Status != http.StatusCreated || string(rec.Body) != "answer" {
+		t.Errorf("recorded answer %+v, %v", rec, err)
 	}
 }

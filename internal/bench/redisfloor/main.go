@@ -10,7 +10,9 @@
 // sends two EVALSHAs of "return 1" per iteration instead: the floor of any
 // design with two scripts per request; -script minimal two scripts that
 // write once each (SET NX GET PX, then SET PX of the record) and check
-// nothing: the floor of any design that keeps a record in two scripts. -client auto is go-redis's automatic
+// nothing: the floor of any design that keeps a record in two scripts;
+// -script commands the same two writes as plain commands, no script: the
+// floor of any design that writes a claim and then a record. -client auto is go-redis's automatic
 // pipelining, idemproxy's default; -client plain a pooled connection per
 // call (REDIS_AUTOPIPELINE=false).
 //
@@ -68,6 +70,13 @@ var (
 	minimalComplete = redis.NewScript("return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])")
 )
 
+// redisClient is what an iteration sends through: scripts, or commands (-script
+// commands). go-redis's Client and AutoPipeliner both are.
+type redisClient interface {
+	redis.Scripter
+	Do(ctx context.Context, args ...any) *redis.Cmd
+}
+
 // answer is what internal/bench/upstream sends for a POST, as idemproxy
 // records it: its status, its recordable headers (Go's server adds Date) and
 // its ~200-byte JSON body.
@@ -101,13 +110,13 @@ func main() {
 	g := flag.Int("g", 64, "concurrent goroutines, each a request at a time (as wrk's connections)")
 	duration := flag.Duration("duration", 4*time.Second, "measured window")
 	warmup := flag.Duration("warmup", time.Second, "warm-up before the measured window (0: none)")
-	script := flag.String("script", "scripts", "scripts: claim.lua then complete.lua on a fresh key; return1: two EVALSHAs of \"return 1\"; minimal: two scripts that write once each (SET NX GET PX, SET PX) and check nothing")
+	script := flag.String("script", "scripts", "scripts: claim.lua then complete.lua on a fresh key; return1: two EVALSHAs of \"return 1\"; minimal: two scripts that write once each (SET NX GET PX, SET PX) and check nothing; commands: the same two writes as plain commands")
 	client := flag.String("client", "auto", "auto: go-redis automatic pipelining (idemproxy's default); plain: pooled connections")
 	prefix := flag.String("key-prefix", "idem:", "KEY_PREFIX of the records written")
 	flag.Parse()
 	if *addr == "" || *g < 1 || *duration <= 0 || *warmup < 0 ||
-		(*script != "scripts" && *script != "return1" && *script != "minimal") || (*client != "auto" && *client != "plain") {
-		fmt.Fprintln(os.Stderr, "redisfloor: need -addr, -g >= 1, -duration > 0, -warmup >= 0, -script scripts|return1|minimal, -client auto|plain")
+		(*script != "scripts" && *script != "return1" && *script != "minimal" && *script != "commands") || (*client != "auto" && *client != "plain") {
+		fmt.Fprintln(os.Stderr, "redisfloor: need -addr, -g >= 1, -duration > 0, -warmup >= 0, -script scripts|return1|minimal|commands, -client auto|plain")
 		os.Exit(2)
 	}
 	if err := run(*addr, *g, *duration, *warmup, *script, *client, *prefix); err != nil {
@@ -127,7 +136,7 @@ func run(addr string, g int, duration, warmup time.Duration, script, client, pre
 	opt.MaxRetries, opt.DialerRetries = 1, 1
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
-	var scripter redis.Scripter = rdb
+	var scripter redisClient = rdb
 	if client == "auto" {
 		ap, err := rdb.AutoPipelineWithOptions(claim.AutoPipelineOptions()) // as idemproxy
 		if err != nil {
@@ -224,7 +233,7 @@ func run(addr string, g int, duration, warmup time.Duration, script, client, pre
 
 // iteration returns one iteration of the mode: what a first request asks of
 // Redis.
-func iteration(scripter redis.Scripter, script, prefix string) (func(ctx context.Context, key string) error, error) {
+func iteration(scripter redisClient, script, prefix string) (func(ctx context.Context, key string) error, error) {
 	if script == "return1" {
 		one := redis.NewScript("return 1")
 		return func(ctx context.Context, _ string) error {
@@ -242,7 +251,7 @@ func iteration(scripter redis.Scripter, script, prefix string) (func(ctx context
 	}
 	fp := claim.Fingerprint(sha256.Sum256([]byte(requestBody)))
 	rec := answer()
-	if script == "minimal" {
+	if script == "minimal" || script == "commands" {
 		enc := rec.Encode()
 		ttl := terms.TTL.Milliseconds()
 		return func(ctx context.Context, key string) error {
@@ -250,6 +259,12 @@ func iteration(scripter redis.Scripter, script, prefix string) (func(ctx context
 			_, _ = rand.Read(claimed[:16])
 			copy(claimed[16:], fp[:])
 			rk := claim.RecordKey(prefix, claim.NewKey(nil, key))
+			if script == "commands" {
+				if err := scripter.Do(ctx, "SET", rk, claimed[:], "NX", "GET", "PX", ttl).Err(); err != redis.Nil {
+					return fmt.Errorf("SET NX GET of a fresh key: %v, want nil (claimed)", err)
+				}
+				return scripter.Do(ctx, "SET", rk, enc, "PX", ttl).Err()
+			}
 			if err := minimalClaim.Run(ctx, scripter, []string{rk}, claimed[:], ttl).Err(); err != redis.Nil {
 				return fmt.Errorf("minimal claim of a fresh key: %v, want nil (claimed)", err)
 			}

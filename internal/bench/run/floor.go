@@ -34,11 +34,12 @@ func (m floorMode) String() string { return m.client + "+" + m.script }
 // floor of any design with two scripts per request); idemproxy's scripts on
 // pooled connections, one call per round trip (REDIS_AUTOPIPELINE=false);
 // two scripts that write once each and check nothing (the floor of any
-// design that keeps a record in two scripts).
-var floorModes = []floorMode{{"auto", "scripts"}, {"auto", "return1"}, {"plain", "scripts"}, {"auto", "minimal"}}
+// design that keeps a record in two scripts); the same two writes as plain
+// commands (the floor of any design that writes a claim and a record).
+var floorModes = []floorMode{{"auto", "scripts"}, {"auto", "return1"}, {"plain", "scripts"}, {"auto", "minimal"}, {"auto", "commands"}}
 
 // The floor rounds' window: long enough for a few hundred clock ticks of
-// Redis CPU, short enough that four modes fit in about 20 seconds.
+// Redis CPU, short enough that five modes fit in about 25 seconds.
 const (
 	floorDuration = 4 * time.Second
 	floorWarmup   = time.Second
@@ -261,7 +262,8 @@ func floorReport(floors []floorResult, cfg *config, affinity map[string]string) 
 		"each looping on a fresh key: Store.Acquire (claim.lua), then Lease.Complete (complete.lua) with the upstream's 201 answer (~200-byte body),",
 		"through a go-redis client made as idemproxy makes it. auto: automatic pipelining, idemproxy's default; plain: pooled connections, one script",
 		"per round trip (REDIS_AUTOPIPELINE=false); return1: two EVALSHAs of `return 1` per iteration instead, the floor of any two-script design;",
-		"minimal: two scripts that write once each (SET NX GET PX of the claim, SET PX of the record) and check nothing, the floor of any design keeping a record in two scripts.",
+		"minimal: two scripts that write once each (SET NX GET PX of the claim, SET PX of the record) and check nothing, the floor of any design keeping a record in two scripts;",
+		"commands: the same two writes as plain commands (no script), the floor of any design that writes a claim and then a record.",
 		fmt.Sprintf("redisfloor on cpu %s, redis-server on cpu %s (affinity read back: %s, %s), nothing else of the bench running; %v warm-up, then %v measured,",
 			cfg.cpus["wrk"], cfg.cpus["redis"], seen("redisfloor"), seen("redis"), floorWarmup, floorDuration),
 		fmt.Sprintf("FLUSHALL before each round, modes in turn (reversed every other round), medians of %d round(s).", cfg.rounds),

@@ -73,13 +73,15 @@ type config struct {
 	idemBin  string   // prebuilt idemproxy binary instead of building the tree
 	idemEnv  []string // extra KEY=VALUE for idemproxy
 	// idemCeiling puts internal/bench/ceilingproxy in idemproxy's slot (issue
-	// 14's floor for the proxy-side targets): "redis", a bare proxy plus only
-	// the work and the two Redis scripts a first request cannot do without;
-	// "local", the same work without Redis. "" for idemproxy.
+	// 14's reference for the proxy-side targets), in one of ceilingModes:
+	// "redis", a bare proxy plus a minimal two-script design; "local", the
+	// same work without Redis; "commands", the same with a plain SET NX GET
+	// PX and a plain SET PX instead of the scripts (the least any design
+	// writes). "" for idemproxy.
 	idemCeiling string
-	// ceiling adds internal/bench/ceilingproxy ("redis" or "local") as a third
-	// target to every closed-loop round, so that bare, idemproxy and the
-	// ceiling alternate in one run. "" for none.
+	// ceiling adds internal/bench/ceilingproxy (a mode of ceilingModes) as a
+	// third target to every closed-loop round, so that bare, idemproxy and
+	// the ceiling alternate in one run. "" for none.
 	ceiling string
 
 	memSlack  int64 // bytes of RSS growth allowed beyond MAX_STORED_RESPONSE_BYTES
@@ -167,8 +169,8 @@ func parseFlags(args []string) (*config, int) {
 	cpus := fs.String("cpus", "wrk=0,proxy=1,upstream=1,redis=1", "taskset cpu list per role")
 	fs.BoolVar(&cfg.idemBare, "idem-bare", false, "self-test: a second bare proxy takes idemproxy's slot (ratios show the noise floor)")
 	fs.StringVar(&cfg.idemBin, "idem-bin", "", "benchmark this idemproxy binary instead of building the tree")
-	fs.StringVar(&cfg.idemCeiling, "idem-ceiling", "", "internal/bench/ceilingproxy takes idemproxy's slot: redis (a bare proxy plus a minimal two-script design: body and answer in memory, key and fingerprint hashed, two small Redis scripts; -only unique,replay,mixed,open) or local (the same without Redis; -only unique,open)")
-	fs.StringVar(&cfg.ceiling, "ceiling", "", "add internal/bench/ceilingproxy (redis or local, as -idem-ceiling) as a third target to the closed-loop rounds, alternated with bare and idemproxy in the same run; -only unique,replay,mixed (local: unique)")
+	fs.StringVar(&cfg.idemCeiling, "idem-ceiling", "", "internal/bench/ceilingproxy takes idemproxy's slot: redis (a bare proxy plus a minimal two-script design: body and answer in memory, key and fingerprint hashed, two small Redis scripts; -only unique,replay,mixed,open), local (the same without Redis; -only unique,open) or commands (the same with a plain SET NX GET PX and a plain SET PX instead of the scripts, the least any design writes; -only as redis)")
+	fs.StringVar(&cfg.ceiling, "ceiling", "", "add internal/bench/ceilingproxy (redis, local or commands, as -idem-ceiling) as a third target to the closed-loop rounds, alternated with bare and idemproxy in the same run; -only unique,replay,mixed (local: unique)")
 	var idemEnv listFlag
 	fs.Var(&idemEnv, "idem-env", "extra KEY=VALUE in idemproxy's environment (repeatable)")
 	memSlackMiB := fs.Float64("mem-slack", 4, "MiB of RSS growth allowed on top of MAX_STORED_RESPONSE_BYTES in the 10 MiB check")
@@ -280,8 +282,8 @@ func parseFlags(args []string) (*config, int) {
 	}
 	cfg.idemEnv = idemEnv
 	if cfg.ceiling != "" {
-		if cfg.ceiling != "redis" && cfg.ceiling != "local" {
-			bad = append(bad, fmt.Sprintf("-ceiling: %q (want redis or local)", cfg.ceiling))
+		if !slices.Contains(ceilingModes, cfg.ceiling) {
+			bad = append(bad, fmt.Sprintf("-ceiling: %q (want %s)", cfg.ceiling, strings.Join(ceilingModes, ", ")))
 		}
 		if cfg.idemBare || cfg.idemCeiling != "" {
 			bad = append(bad, "-ceiling: not with -idem-bare or -idem-ceiling")
@@ -300,8 +302,8 @@ func parseFlags(args []string) (*config, int) {
 		}
 	}
 	if cfg.idemCeiling != "" {
-		if cfg.idemCeiling != "redis" && cfg.idemCeiling != "local" {
-			bad = append(bad, fmt.Sprintf("-idem-ceiling: %q (want redis or local)", cfg.idemCeiling))
+		if !slices.Contains(ceilingModes, cfg.idemCeiling) {
+			bad = append(bad, fmt.Sprintf("-idem-ceiling: %q (want %s)", cfg.idemCeiling, strings.Join(ceilingModes, ", ")))
 		}
 		if cfg.idemBare || cfg.idemBin != "" || len(idemEnv) > 0 {
 			bad = append(bad, "-idem-ceiling: not with -idem-bare, -idem-bin or -idem-env")
@@ -808,12 +810,15 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 			"-listen", addr, "-upstream", up.url)
 		ready = func() error { return b.get(t.url + "/healthz") }
 	} else if mode := b.ceilingMode(kind); mode != "" {
-		redisAddr := b.redisAddr
-		if mode == "local" {
+		redisAddr, design := b.redisAddr, "scripts"
+		switch mode {
+		case "local":
 			redisAddr = ""
+		case "commands":
+			design = "commands"
 		}
 		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], baseEnv(), logPath, b.ceilingBin,
-			"-listen", addr, "-upstream", up.url, "-redis", redisAddr)
+			"-listen", addr, "-upstream", up.url, "-redis", redisAddr, "-design", design)
 		ready = func() error { return b.get(t.url + "/healthz") }
 	} else {
 		aport, err2 := freePort()
@@ -847,6 +852,9 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 	b.noteAffinity("proxy", t.p)
 	return t, nil
 }
+
+// ceilingModes are the modes of -ceiling and -idem-ceiling.
+var ceilingModes = []string{"redis", "local", "commands"}
 
 // ceilingMode is the ceiling proxy's mode when target kind runs it: the
 // third target of -ceiling, or idemproxy's slot with -idem-ceiling; "" when

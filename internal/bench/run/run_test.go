@@ -115,6 +115,9 @@ func TestParseFlags(t *testing.T) {
 	if cfg, _ := parseFlags([]string{"-only", "unique,floor"}); !cfg.delayed() {
 		t.Error("-only unique,floor: want delayed (unique runs per delay)")
 	}
+	if cfg, code := parseFlags([]string{"-idem-ceiling", "commands", "-only", "unique,replay,open"}); code >= 0 || cfg.idemCeiling != "commands" {
+		t.Errorf("-idem-ceiling commands -only unique,replay,open: code %d, ceiling %q", code, cfg.idemCeiling)
+	}
 	cfg, code = parseFlags([]string{"-idem-ceiling", "redis", "-only", "unique,replay,mixed,open"})
 	if code >= 0 || cfg.idemCeiling != "redis" {
 		t.Errorf("-idem-ceiling redis -only unique,open: code %d, ceiling %q", code, cfg.idemCeiling)
@@ -122,7 +125,7 @@ func TestParseFlags(t *testing.T) {
 	for _, bad := range [][]string{{"-only", "nope"}, {"-delays", "x"}, {"-cpus", "wrk=0"}, {"-idem-env", "NOEQUALS"}, {"-rounds", "0"},
 		{"-open-rate", "0"}, {"-open-duration", "500ms"}, {"-open-rounds", "-1"}, {"-only", "unique,floor", "-delays", ""},
 		// the ceiling proxy answers duplicates 409 and knows no idemproxy settings
-		{"-idem-ceiling", "redis"}, {"-idem-ceiling", "redis", "-only", "unique,info"}, {"-idem-ceiling", "local", "-only", "replay"}, {"-idem-ceiling", "yes", "-only", "unique"},
+		{"-idem-ceiling", "redis"}, {"-idem-ceiling", "redis", "-only", "unique,info"}, {"-idem-ceiling", "local", "-only", "replay"}, {"-idem-ceiling", "commands", "-only", "unique,info"}, {"-idem-ceiling", "yes", "-only", "unique"},
 		{"-idem-ceiling", "redis", "-only", "unique", "-idem-bare"}, {"-idem-ceiling", "redis", "-only", "unique", "-idem-env", "A=B"}} {
 		if _, code := parseFlags(bad); code != exitUsage {
 			t.Errorf("parseFlags(%q): exit code %d, want %d", bad, code, exitUsage)
@@ -573,9 +576,13 @@ func TestParseFlagsCeiling(t *testing.T) {
 	if code >= 0 || cfg.ceiling != "redis" {
 		t.Errorf("-ceiling redis: code %d, ceiling %q", code, cfg.ceiling)
 	}
+	if cfg, code := parseFlags([]string{"-ceiling", "commands", "-only", "unique,replay"}); code >= 0 || cfg.ceiling != "commands" {
+		t.Errorf("-ceiling commands -only unique,replay: code %d, ceiling %q", code, cfg.ceiling)
+	}
 	for _, bad := range [][]string{
 		{"-ceiling", "redis"}, // the default set has open and mem
 		{"-ceiling", "local", "-only", "replay"},
+		{"-ceiling", "commands", "-only", "unique,open"},
 		{"-ceiling", "both", "-only", "unique"},
 		{"-ceiling", "redis", "-only", "unique", "-idem-ceiling", "redis"},
 		{"-ceiling", "redis", "-only", "unique", "-idem-bare"},
