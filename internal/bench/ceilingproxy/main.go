@@ -120,10 +120,11 @@ const (
 	redisWait = 5 * time.Second
 )
 
-// redisClient sends the scripts, or the commands of -design commands.
+// redisClient sends the scripts, or the commands of -design commands (typed,
+// as go-redis's AutoPipeliner batches only those).
 type redisClient interface {
 	redis.Scripter
-	Do(ctx context.Context, args ...any) *redis.Cmd
+	SetArgs(ctx context.Context, key string, value any, a redis.SetArgs) *redis.StatusCmd
 }
 
 type ceiling struct {
@@ -215,7 +216,7 @@ func (c *ceiling) claim(ctx context.Context, rk string, tok, fp []byte) ([]any, 
 	if !c.commands {
 		return claimScript.Run(ctx, c.rdb, []string{rk}, string(tok), fp, lockTTL, recordTTL).Slice()
 	}
-	v, err := c.rdb.Do(ctx, "SET", rk, "i"+string(tok)+string(fp), "NX", "GET", "PX", recordTTL).Text()
+	v, err := c.rdb.SetArgs(ctx, rk, "i"+string(tok)+string(fp), redis.SetArgs{Mode: "NX", Get: true, TTL: time.Duration(recordTTL) * time.Millisecond}).Result()
 	switch {
 	case errors.Is(err, redis.Nil):
 		return []any{"claimed"}, nil
@@ -237,7 +238,7 @@ func (c *ceiling) complete(ctx context.Context, rk string, tok string, fp, enc [
 	}
 	v := make([]byte, 0, 49+len(enc))
 	v = append(append(append(append(v, 'c'), tok...), fp...), enc...)
-	return "ok", c.rdb.Do(ctx, "SET", rk, v, "PX", recordTTL).Err()
+	return "ok", c.rdb.SetArgs(ctx, rk, v, redis.SetArgs{TTL: time.Duration(recordTTL) * time.Millisecond}).Err()
 }
 
 func replay(w http.ResponseWriter, rec *claim.Record) {

@@ -71,10 +71,11 @@ var (
 )
 
 // redisClient is what an iteration sends through: scripts, or commands (-script
-// commands). go-redis's Client and AutoPipeliner both are.
+// commands; typed, as the AutoPipeliner batches only those). go-redis's
+// Client and AutoPipeliner both are.
 type redisClient interface {
 	redis.Scripter
-	Do(ctx context.Context, args ...any) *redis.Cmd
+	SetArgs(ctx context.Context, key string, value any, a redis.SetArgs) *redis.StatusCmd
 }
 
 // answer is what internal/bench/upstream sends for a POST, as idemproxy
@@ -260,10 +261,10 @@ func iteration(scripter redisClient, script, prefix string) (func(ctx context.Co
 			copy(claimed[16:], fp[:])
 			rk := claim.RecordKey(prefix, claim.NewKey(nil, key))
 			if script == "commands" {
-				if err := scripter.Do(ctx, "SET", rk, claimed[:], "NX", "GET", "PX", ttl).Err(); err != redis.Nil {
+				if err := scripter.SetArgs(ctx, rk, claimed[:], redis.SetArgs{Mode: "NX", Get: true, TTL: terms.TTL}).Err(); err != redis.Nil {
 					return fmt.Errorf("SET NX GET of a fresh key: %v, want nil (claimed)", err)
 				}
-				return scripter.Do(ctx, "SET", rk, enc, "PX", ttl).Err()
+				return scripter.SetArgs(ctx, rk, enc, redis.SetArgs{TTL: terms.TTL}).Err()
 			}
 			if err := minimalClaim.Run(ctx, scripter, []string{rk}, claimed[:], ttl).Err(); err != redis.Nil {
 				return fmt.Errorf("minimal claim of a fresh key: %v, want nil (claimed)", err)
