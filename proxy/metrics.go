@@ -161,14 +161,12 @@ func (m *Metrics) ObserveScript(ev claim.Event) {
 	m.observe(m.script, "script", string(ev.Op), ev.Result, ev.Duration)
 }
 
-// statusClasses are the upstream histogram's class labels by status/100:
-// Go's client accepts any three-digit status, so an answer of 600 to 999 is
-// an answer too, not an "error".
-var statusClasses = [...]string{1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx", 6: "6xx", 7: "7xx", 8: "8xx", 9: "9xx"}
+// statusClasses are the upstream histogram's class labels by status/100.
+var statusClasses = [...]string{1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
 
 func (m *Metrics) observeUpstream(route string, status int, d time.Duration) {
 	class := "error"
-	if status >= 100 && status <= 999 {
+	if status >= 100 && status < 600 {
 		class = statusClasses[status/100]
 	}
 	m.observe(m.upstream, "upstream", route, class, d)
