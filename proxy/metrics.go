@@ -105,7 +105,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"route", "code"}),
 		upstream: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idemproxy_upstream_duration_seconds",
-			Help:    "Time from sending a request upstream to its response headers, by route and status class (\"error\" when no answer).",
+			Help:    "Time from sending a request upstream to its response headers, by route and status class (\"error\": no answer, or a status above 599).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12),
 		}, []string{"route", "code_class"}),
 		script: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -161,7 +161,10 @@ func (m *Metrics) ObserveScript(ev claim.Event) {
 	m.observe(m.script, "script", string(ev.Op), ev.Result, ev.Duration)
 }
 
-// statusClasses are the upstream histogram's class labels by status/100.
+// statusClasses are the upstream histogram's class labels by status/100. Go's
+// client also accepts 600 to 999; the proxy handles those as failures (as a
+// 5xx: released, unless ON_5XX=store), so they count as "error" with the
+// answers that never came, where an alert on failures looks.
 var statusClasses = [...]string{1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
 
 func (m *Metrics) observeUpstream(route string, status int, d time.Duration) {

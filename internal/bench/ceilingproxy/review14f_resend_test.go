@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+// dropOnce is a TCP relay on 127.0.0.1 in front of Redis that, the first
+// time a client sends a command containing trigger, passes the command on
+// to Redis and then, instead of relaying Redis's reply, closes the client's
+// connection: the command ran, its reply was lost, as on a network blip.
+type dropOnce struct {
+	ln      net.Listener
+	target  string
+	trigger []byte
+	fired   atomic.Bool
+	dropped atomic.Int64 // replies swallowed
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	conns   []net.Conn
+}
+
+func newDropOnce(t *testing.T, target string, trigger []byte) *dropOnce {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &dropOnce{ln: ln, target: target, trigger: trigger}
+	d.wg.Add(1)
+	go d.accept()
+	t.Cleanup(d.close)
+	return d
+}
+
+func (d *dropOnce) track(c net.Conn) {
+	d.mu.Lock()
+	d.conns = append(d.conns, c)
+	d.mu.Unlock()
+}
+
+func (d *dropOnce) close() {
+	_ = d.ln.Close()
+	d.mu.Lock()
+	for _, c := range d.conns {
+		_ = c.Close()
+	}
+	d.mu.Unlock()
+	d.wg.Wait()
+}
+
+func (d *dropOnce) accept() {
+	defer d.wg.Done()
+	for {
+		c, err := d.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.DialTimeout("tcp", d.target, 5*time.Second)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		d.track(c)
+		d.track(s)
+		var swallow atomic.Bool
+		d.wg.Add(2)
+		go func() { // client -> Redis
+			defer d.wg.Done()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := c.Read(buf)
+				if n > 0 {
+					if bytes.Contains(buf[:n], d.trigger) && d.fired.CompareAndSwap(false, true) {
+						swallow.Store(true) // before Redis can answer it
+					}
+					if _, werr := s.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					_ = s.Close()
+					return
+				}
+			}
+		}()
+		go func() { // Redis -> client
+			defer d.wg.Done()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := s.Read(buf)
+				if n > 0 && swallow.Load() {
+					// The triggering command ran in Redis; its reply is lost.
+					d.dropped.Add(1)
+					_ = c.Close()
+					_ = s.Close()
+					return
+				}
+				if n > 0 {
+					if _, werr := c.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					_ = c.Close()
+					return
+				}
+			}
+		}()
+	}
+}
+
+// review14f: -design commands claims with SET NX GET and never compares the
+// token in the value it gets back. go-redis resends a command whose reply was
+// lost (MaxRetries: 1, as idemproxy's client), so a first request whose claim
+// reply is lost finds its own claim, calls it "inflight" and is answered 409
+// without being forwarded; the key then stays claimed for the record's 24 h
+// TTL. idemproxy's claim.lua answers "claimed" to its own token ("the client
+// resent the script after losing the reply"); the check costs Redis nothing.
+func TestReview14fCommandsResentClaimIsOwnClaim(t *testing.T) {
+	srv := redistest.Start(t)
+	relay := newDropOnce(t, srv.Addr(), []byte("\r\nNX\r\n"))
+	var hits atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		_, _ = io.ReadAll(r.Body)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, `{"ok":true}`)
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	c, err := newCeiling(u, relay.ln.Addr().String(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(c)
+	defer front.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, front.URL+"/v1/orders", strings.NewReader(`{"a":1}`))
+	req.Header.Set("Idempotency-Key", "k-resend")
+	resp, err := (&http.Client{Timeout: 15 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if relay.dropped.Load() != 1 {
+		t.Fatalf("the claim's reply was not dropped (dropped %d): the test did not exercise a lost reply", relay.dropped.Load())
+	}
+	if resp.StatusCode == http.StatusServiceUnavailable {
+		t.Skipf("go-redis did not resend the claim (503 %q): nothing to check", body)
+	}
+	if resp.StatusCode != http.StatusCreated || hits.Load() != 1 {
+		t.Errorf("first request whose claim reply was lost and resent: status %d %q, upstream hits %d; want 201 and 1 (its own claim, not another's)",
+			resp.StatusCode, strings.TrimSpace(string(body)), hits.Load())
+	}
+}
