@@ -12,7 +12,7 @@
 # default set); floor: the Redis CPU floor of idemproxy's claim and complete scripts, run from Go
 # by internal/bench/redisfloor with Redis alone on its core, no proxy (not in the default set).
 # -ceiling redis|local|commands: internal/bench/ceilingproxy, a bare proxy plus a minimal two-script design
-# ("local": the same work without Redis; "commands": a plain SET NX GET PX and a plain SET PX
+# ("local": the same work without Redis; "commands": a plain SET NX GET EX and a plain SET EX
 # instead of its scripts, the least any design writes), as a third target in every closed-loop round;
 # -idem-ceiling redis|local|commands: the same proxy in idemproxy's slot instead (for the open-loop phase).
 #

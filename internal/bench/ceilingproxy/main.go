@@ -18,8 +18,10 @@
 // With -redis "" it does all of that but the two scripts (no Redis at all):
 // the part of its cost that is not Redis's round trips. With -design
 // commands it claims and records with two plain commands instead of the
-// scripts: SET NX GET PX of 'i', token and fingerprint (the previous value
-// answers a duplicate), then SET PX of the record. No clock, no lock
+// scripts: SET NX GET EX of 'i', token and fingerprint (the previous value
+// answers a duplicate, or is the request's own claim when go-redis resent
+// the SET after losing its reply), then SET EX of the record (go-redis sends
+// the 24 h TTL as EX). No clock, no lock
 // deadline (an abandoned claim holds its key for the record TTL), no token
 // check: the least any design writes to Redis for a first request, a floor
 // rather than a design to ship.
@@ -78,6 +80,10 @@ if not v then
   return {'claimed'}
 end
 local st = string.sub(v, 1, 1)
+if st == 'i' and string.sub(v, 2, 17) == ARGV[1] then
+  -- Our own claim: the client resent the script after losing the reply.
+  return {'claimed'}
+end
 if st == 'i' and tonumber(string.sub(v, 50, -2)) <= now then
   redis.call('SET', KEYS[1], mine, 'PX', ARGV[4])
   return {'claimed'}
@@ -130,7 +136,7 @@ type redisClient interface {
 type ceiling struct {
 	rp       *httputil.ReverseProxy
 	rdb      redisClient // nil: no Redis, the scripts are skipped (-redis "")
-	commands bool        // -design commands: plain SET NX GET PX and SET PX
+	commands bool        // -design commands: plain SET NX GET EX and SET EX
 
 	mu       sync.Mutex
 	replayed map[[sha256.Size]byte]replayed // by key hash, at most maxReplayed
@@ -222,6 +228,9 @@ func (c *ceiling) claim(ctx context.Context, rk string, tok, fp []byte) ([]any, 
 		return []any{"claimed"}, nil
 	case err != nil:
 		return nil, err
+	case len(v) >= 17 && v[0] == 'i' && v[1:17] == string(tok):
+		// Our own claim: the client resent the SET after losing its reply.
+		return []any{"claimed"}, nil
 	case len(v) < 49 || v[17:49] != string(fp):
 		return []any{"mismatch"}, nil
 	case v[0] == 'c':
@@ -231,7 +240,7 @@ func (c *ceiling) claim(ctx context.Context, rk string, tok, fp []byte) ([]any, 
 }
 
 // complete records enc under rk as completeLua does, or with a plain SET
-// PX (-design commands: no token check, so never "lost").
+// EX (-design commands: no token check, so never "lost").
 func (c *ceiling) complete(ctx context.Context, rk string, tok string, fp, enc []byte) (string, error) {
 	if !c.commands {
 		return completeScript.Run(ctx, c.rdb, []string{rk}, tok, enc, recordTTL).Text()
@@ -318,7 +327,7 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "listen address")
 	upstream := flag.String("upstream", "", "upstream base URL (required)")
 	redisAddr := flag.String("redis", "", "redis-server host:port; \"\": no Redis, the scripts are skipped")
-	design := flag.String("design", "scripts", "scripts: claim and complete scripts; commands: a plain SET NX GET PX and a plain SET PX (no lock deadline, no token check)")
+	design := flag.String("design", "scripts", "scripts: claim and complete scripts; commands: a plain SET NX GET EX and a plain SET EX (no lock deadline, no token check)")
 	flag.Parse()
 
 	if *design != "scripts" && *design != "commands" {

@@ -11,8 +11,9 @@
 // design with two scripts per request; -script minimal two scripts that
 // write once each (SET NX GET PX, then SET PX of the record) and check
 // nothing: the floor of any design that keeps a record in two scripts;
-// -script commands the same two writes as plain commands, no script: the
-// floor of any design that writes a claim and then a record. -client auto is go-redis's automatic
+// -script commands the same two writes as plain commands, no script (SET NX
+// GET EX, SET EX): the least any design writes for a first request, at
+// this client's deepest batching. -client auto is go-redis's automatic
 // pipelining, idemproxy's default; -client plain a pooled connection per
 // call (REDIS_AUTOPIPELINE=false).
 //
@@ -111,7 +112,7 @@ func main() {
 	g := flag.Int("g", 64, "concurrent goroutines, each a request at a time (as wrk's connections)")
 	duration := flag.Duration("duration", 4*time.Second, "measured window")
 	warmup := flag.Duration("warmup", time.Second, "warm-up before the measured window (0: none)")
-	script := flag.String("script", "scripts", "scripts: claim.lua then complete.lua on a fresh key; return1: two EVALSHAs of \"return 1\"; minimal: two scripts that write once each (SET NX GET PX, SET PX) and check nothing; commands: the same two writes as plain commands")
+	script := flag.String("script", "scripts", "scripts: claim.lua then complete.lua on a fresh key; return1: two EVALSHAs of \"return 1\"; minimal: two scripts that write once each (SET NX GET PX, SET PX) and check nothing; commands: the same two writes as plain commands (SET NX GET EX, SET EX: go-redis sends the 24 h TTL as EX)")
 	client := flag.String("client", "auto", "auto: go-redis automatic pipelining (idemproxy's default); plain: pooled connections")
 	prefix := flag.String("key-prefix", "idem:", "KEY_PREFIX of the records written")
 	flag.Parse()

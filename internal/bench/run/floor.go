@@ -320,10 +320,14 @@ func floorReport(floors []floorResult, cfg *config, affinity map[string]string) 
 		v := median(ss, redisUs)
 		parts = append(parts, fmt.Sprintf("two scripts that write once each and check nothing (below any correct two-script design): %.1f µs, under the target: %s", v, yesNo(v <= floorTarget)))
 	}
+	if ss := byMode[floorModes[4]]; len(ss) > 0 {
+		v := median(ss, redisUs)
+		parts = append(parts, fmt.Sprintf("the same two writes as plain commands (the least any design writes): %.1f µs, under the target: %s", v, yesNo(v <= floorTarget)))
+	}
 	out = append(out, "floor  "+strings.Join(parts, "; ")+".")
 	out = append(out, "redis µs/iteration: redis-server utime+stime (/proc/<pid>/stat) over the window / iterations. redis busy: the same over the",
 		"window's length. reads, commands: INFO stats total_reads_processed, total_commands_processed (commands inside scripts count);",
-		"scripts/read: EVALSHA and EVAL calls (INFO commandstats) per read, the pipeline depth Redis saw. redisfloor cpu: its own",
+		"scripts/read: EVALSHA and EVAL calls (INFO commandstats) per read, the pipeline depth Redis saw (commands/read for commands). redisfloor cpu: its own",
 		"utime+stime, % of its core: near 100 % the driver, not Redis, set the pace. iterations/s is Redis's capacity only where redis",
 		"busy is near 100 %; below, the round trips of a closed loop set it. Redis CPU per iteration is the floor either way.")
 	if cfg.cpus["redis"] == cfg.cpus["wrk"] {

@@ -76,7 +76,7 @@ type config struct {
 	// 14's reference for the proxy-side targets), in one of ceilingModes:
 	// "redis", a bare proxy plus a minimal two-script design; "local", the
 	// same work without Redis; "commands", the same with a plain SET NX GET
-	// PX and a plain SET PX instead of the scripts (the least any design
+	// EX and a plain SET EX instead of the scripts (the least any design
 	// writes). "" for idemproxy.
 	idemCeiling string
 	// ceiling adds internal/bench/ceilingproxy (a mode of ceilingModes) as a
@@ -169,7 +169,7 @@ func parseFlags(args []string) (*config, int) {
 	cpus := fs.String("cpus", "wrk=0,proxy=1,upstream=1,redis=1", "taskset cpu list per role")
 	fs.BoolVar(&cfg.idemBare, "idem-bare", false, "self-test: a second bare proxy takes idemproxy's slot (ratios show the noise floor)")
 	fs.StringVar(&cfg.idemBin, "idem-bin", "", "benchmark this idemproxy binary instead of building the tree")
-	fs.StringVar(&cfg.idemCeiling, "idem-ceiling", "", "internal/bench/ceilingproxy takes idemproxy's slot: redis (a bare proxy plus a minimal two-script design: body and answer in memory, key and fingerprint hashed, two small Redis scripts; -only unique,replay,mixed,open), local (the same without Redis; -only unique,open) or commands (the same with a plain SET NX GET PX and a plain SET PX instead of the scripts, the least any design writes; -only as redis)")
+	fs.StringVar(&cfg.idemCeiling, "idem-ceiling", "", "internal/bench/ceilingproxy takes idemproxy's slot: redis (a bare proxy plus a minimal two-script design: body and answer in memory, key and fingerprint hashed, two small Redis scripts; -only unique,replay,mixed,open), local (the same without Redis; -only unique,open) or commands (the same with a plain SET NX GET EX and a plain SET EX instead of the scripts, the least any design writes; -only as redis)")
 	fs.StringVar(&cfg.ceiling, "ceiling", "", "add internal/bench/ceilingproxy (redis, local or commands, as -idem-ceiling) as a third target to the closed-loop rounds, alternated with bare and idemproxy in the same run; -only unique,replay,mixed (local: unique)")
 	var idemEnv listFlag
 	fs.Var(&idemEnv, "idem-env", "extra KEY=VALUE in idemproxy's environment (repeatable)")

@@ -294,14 +294,25 @@ func cmdsLine(ss []sample) string {
 
 // readsLine is the median Redis reads per request over rounds and the
 // scripts (EVALSHA, EVAL) per read they give, the pipeline depth Redis saw,
-// as "; reads 0.31 (6.5 scripts per read)"; "" without reads.
+// as "; reads 0.31 (6.5 scripts per read)"; for a design without scripts
+// (-ceiling commands) the commands per read; "" without reads.
 func readsLine(ss []sample) string {
 	reads := median(ss, func(s sample) float64 { return s.redisReads })
 	if reads <= 0 {
 		return ""
 	}
 	scripts := median(ss, func(s sample) float64 { return s.redisCmds["evalsha"] + s.redisCmds["eval"] })
-	return fmt.Sprintf("; reads %.2f (%.1f scripts per read)", reads, scripts/reads)
+	if scripts > 0 {
+		return fmt.Sprintf("; reads %.2f (%.1f scripts per read)", reads, scripts/reads)
+	}
+	cmds := median(ss, func(s sample) float64 {
+		n := 0.0
+		for _, v := range s.redisCmds {
+			n += v
+		}
+		return n
+	})
+	return fmt.Sprintf("; reads %.2f (%.1f commands per read)", reads, cmds/reads)
 }
 
 // eventWorkloadsLine describes the requests of the event workloads selected,
