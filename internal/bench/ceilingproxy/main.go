@@ -21,10 +21,10 @@
 // scripts: SET NX GET EX of 'i', token and fingerprint (the previous value
 // answers a duplicate, or is the request's own claim when go-redis resent
 // the SET after losing its reply), then SET EX of the record (go-redis sends
-// the 24 h TTL as EX). No clock, no lock
-// deadline (an abandoned claim holds its key for the record TTL), no token
-// check: the least any design writes to Redis for a first request, a floor
-// rather than a design to ship.
+// the 24 h TTL as EX). No clock, no lock deadline (an abandoned claim holds
+// its key for the record TTL), no token check on completion: the least any
+// design asks of Redis for a first request, a comparison rather than a
+// design to ship.
 //
 // It is not the least any design can cost: the scripts read TIME to keep a
 // lock deadline and to tell a late completion, as idemproxy does, and a
