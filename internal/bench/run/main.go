@@ -810,15 +810,8 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 			"-listen", addr, "-upstream", up.url)
 		ready = func() error { return b.get(t.url + "/healthz") }
 	} else if mode := b.ceilingMode(kind); mode != "" {
-		redisAddr, design := b.redisAddr, "scripts"
-		switch mode {
-		case "local":
-			redisAddr = ""
-		case "commands":
-			design = "commands"
-		}
 		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], baseEnv(), logPath, b.ceilingBin,
-			"-listen", addr, "-upstream", up.url, "-redis", redisAddr, "-design", design)
+			ceilingArgs(mode, addr, up.url, b.redisAddr)...)
 		ready = func() error { return b.get(t.url + "/healthz") }
 	} else {
 		aport, err2 := freePort()
@@ -851,6 +844,19 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 	}
 	b.noteAffinity("proxy", t.p)
 	return t, nil
+}
+
+// ceilingArgs are internal/bench/ceilingproxy's arguments in mode: "local"
+// gives it no Redis, "commands" its plain-command design.
+func ceilingArgs(mode, listen, upstream, redisAddr string) []string {
+	design := "scripts"
+	switch mode {
+	case "local":
+		redisAddr = ""
+	case "commands":
+		design = "commands"
+	}
+	return []string{"-listen", listen, "-upstream", upstream, "-redis", redisAddr, "-design", design}
 }
 
 // ceilingModes are the modes of -ceiling and -idem-ceiling.

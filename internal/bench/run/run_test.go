@@ -621,3 +621,23 @@ func TestReportCeilingRows(t *testing.T) {
 		}
 	}
 }
+
+// Each ceiling mode starts the ceiling proxy as it says: with Redis and its
+// scripts, without Redis, or with Redis and the plain-command design.
+func TestCeilingArgs(t *testing.T) {
+	cases := map[string][]string{
+		"redis":    {"-listen", "L", "-upstream", "U", "-redis", "R", "-design", "scripts"},
+		"local":    {"-listen", "L", "-upstream", "U", "-redis", "", "-design", "scripts"},
+		"commands": {"-listen", "L", "-upstream", "U", "-redis", "R", "-design", "commands"},
+	}
+	for _, mode := range ceilingModes {
+		want, ok := cases[mode]
+		if !ok {
+			t.Errorf("mode %q: no case here", mode)
+			continue
+		}
+		if got := ceilingArgs(mode, "L", "U", "R"); !slices.Equal(got, want) {
+			t.Errorf("ceilingArgs(%q) = %q, want %q", mode, got, want)
+		}
+	}
+}
