@@ -538,12 +538,11 @@ func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record, res *result) 
 		return
 	}
 	res.status, res.outcome = rec.Status, outcomeReplayed
-	echo, id := hdr.Values(h.opts.KeyHeader), hdr[RequestIDHeader]
+	// The proxy's own headers win over the recorded ones, as on the first
+	// answer: this answer's request id, and the key echo where there is one.
+	keep := proxyHeaders(hdr, h.opts.KeyHeader)
 	copyRecordable(hdr, rec.Header)
-	hdr[h.opts.KeyHeader] = echo
-	if id != nil { // this answer's id, not the one the upstream recorded
-		hdr[RequestIDHeader] = id
-	}
+	keep.restore(hdr)
 	if len(rec.Trailer) > 0 {
 		// Trailers need a chunked body: no length, and announced up front.
 		delete(hdr, "Content-Length")
