@@ -42,8 +42,9 @@ deps: ## Install what the tests need: redis-server and redis-cli (apt), when mis
 test: deps test-go chart-test ## Run ALL tests: Go (unit, real Redis, Cluster, Sentinel, soak; -race) and the Helm chart
 
 .PHONY: test-go
-test-go: deps ## Run the Go tests with -race (fuzz seeds included)
+test-go: deps ## Run the Go tests with -race (fuzz seeds included); package claim once more with string records
 	$(GO) test -race -count=1 -timeout 15m ./...
+	CLAIM_TEST_RECORD_FORMAT=string $(GO) test -race -count=1 -timeout 5m ./claim
 
 .PHONY: test-integration
 test-integration: deps ## Run only the tests of INTEGRATION_TEST_FILES (Cluster, Sentinel, soak, Redis kill/restart, the binary)

@@ -39,6 +39,7 @@ type Config struct {
 	RedisAutoPipeline      bool          `env:"REDIS_AUTOPIPELINE" envDefault:"true"`
 	ReplayCacheBytes       int           `env:"REPLAY_CACHE_BYTES" envDefault:"16777216"`
 	KeyPrefix              string        `env:"KEY_PREFIX" envDefault:"idem:"`
+	RecordFormat           string        `env:"RECORD_FORMAT" envDefault:"hash"`
 	IdempotencyHeader      string        `env:"IDEMPOTENCY_HEADER" envDefault:"Idempotency-Key"`
 	Methods                []string      `env:"METHODS" envDefault:"POST" envSeparator:","`
 	TTL                    time.Duration `env:"TTL" envDefault:"24h"`
@@ -436,6 +437,9 @@ func (c *Config) checkModes(k *checker) {
 	}
 	if c.On5xx != "release" && c.On5xx != "store" {
 		k.bad("ON_5XX=%q: want release or store", c.On5xx)
+	}
+	if c.RecordFormat != "hash" && c.RecordFormat != "string" {
+		k.bad("RECORD_FORMAT=%q: want hash or string", c.RecordFormat)
 	}
 	if c.OnUnknown != "expire" && c.OnUnknown != "hold" {
 		k.bad("ON_UNKNOWN=%q: want expire or hold", c.OnUnknown)

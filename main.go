@@ -140,7 +140,8 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 			_ = tr.shutdown(context.Background())
 		}
 	}()
-	storeOpts := []claim.Option{claim.ReplayCache(cfg.ReplayCacheBytes, replayCacheMaxAge), claim.Upstream(cfg.upstreamID), claim.Tracing(tr.provider())}
+	storeOpts := []claim.Option{claim.ReplayCache(cfg.ReplayCacheBytes, replayCacheMaxAge), claim.Upstream(cfg.upstreamID), claim.Tracing(tr.provider()),
+		claim.StringRecords(cfg.RecordFormat == "string")}
 	if cfg.RedisWaitReplicas > 0 {
 		storeOpts = append(storeOpts, claim.WaitReplicas(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout))
 	}

@@ -145,6 +145,7 @@ type Store struct {
 	rdb          redis.Scripter
 	prefix       string
 	upstream     string // short hash of the upstream's identity; "" for none
+	format       string // the scripts' form argument: "s" writes string records, "" hashes
 	obs          Observer
 	waitReplicas int
 	waitTimeout  time.Duration
@@ -192,12 +193,33 @@ func Upstream(id string) Option {
 	}
 }
 
+// StringRecords(true) makes the Store write each record as one string instead
+// of a hash (RECORD_FORMAT=string): the same fields, encoded by the scripts, for
+// fewer Redis commands per request. Every Store reads both forms, so replicas
+// of either setting share one Redis; versions before this option existed
+// cannot read string records, so it is for a fleet that runs this version
+// everywhere.
+func StringRecords(on bool) Option {
+	return func(s *Store) {
+		s.format = ""
+		if on {
+			s.format = "s"
+		}
+	}
+}
+
+// defaultFormat is the form a Store writes without the StringRecords option:
+// hashes.
+// Only this package's tests change it (CLAIM_TEST_RECORD_FORMAT=string, see
+// format_test.go), to run every test of the package against string records.
+var defaultFormat = ""
+
 // NewStore returns a Store writing keys that start with prefix. obs may be nil.
 func NewStore(rdb redis.Scripter, prefix string, obs Observer, opts ...Option) *Store {
 	if obs == nil {
 		obs = func(Event) {}
 	}
-	s := &Store{rdb: rdb, prefix: prefix, obs: obs}
+	s := &Store{rdb: rdb, prefix: prefix, obs: obs, format: defaultFormat}
 	for _, o := range opts {
 		o(s)
 	}
@@ -311,7 +333,7 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, terms Term
 	if terms.Hold {
 		hold = "1"
 	}
-	v, acked, err := s.run(ctx, claimScript, keys, token, fp[:], ms(terms.LockTTL), ms(max(terms.TTL, terms.LockTTL)), s.upstream, hold)
+	v, acked, err := s.run(ctx, claimScript, keys, token, fp[:], ms(terms.LockTTL), ms(max(terms.TTL, terms.LockTTL)), s.upstream, hold, s.format)
 	status, args, err := decodeReply(v, err)
 	if err == nil && (status == "claimed" || status == "takeover") && acked < s.waitReplicas {
 		_ = s.newLease(keys, token, fp).releaseOnce(ctx) // best effort; the lock TTL frees it otherwise
@@ -425,7 +447,7 @@ func (l *Lease) record(ctx context.Context, enc []byte, ttl time.Duration, state
 
 func (l *Lease) completeOnce(ctx context.Context, enc []byte, ttl time.Duration, state, tr string) error {
 	start := time.Now()
-	v, acked, err := l.store.run(ctx, completeScript, l.keys[:1], l.token, enc, ms(ttl), l.fp[:], l.store.upstream, state, tr)
+	v, acked, err := l.store.run(ctx, completeScript, l.keys[:1], l.token, enc, ms(ttl), l.fp[:], l.store.upstream, state, tr, l.store.format)
 	op := OpComplete
 	if state == "u" {
 		op = OpHold

@@ -243,7 +243,7 @@ func (in *Inspector) Purge(ctx context.Context, k Key) (bool, error) {
 	return n > 0, nil
 }
 
-// errNotRecord: the key is not a hash; not one of ours.
+// errNotRecord: the key is neither a hash nor a string record; not one of ours.
 var errNotRecord = errors.New("claim: not a record")
 
 // decodeInspect checks and decodes inspect.lua's reply. With body, the rec
@@ -263,9 +263,9 @@ func decodeInspect(k Key, v any, body bool) (*Entry, error) {
 	switch {
 	case f[0] == "none":
 		return nil, ErrNotFound
-	case f[0] != "hash":
-		return nil, fmt.Errorf("%w: a Redis %s, not a hash", errNotRecord, f[0])
-	case len(f) != 11:
+	case len(f) == 1:
+		return nil, fmt.Errorf("%w: a Redis %s that is not a record", errNotRecord, f[0])
+	case f[0] != "hash" && f[0] != "string", len(f) != 11:
 		return nil, fmt.Errorf("bad inspect reply: %d elements", len(f))
 	}
 	st, fp, at, ld, ct, up, rec := f[1], f[2], f[3], f[4], f[5], f[6], f[7]

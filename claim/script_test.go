@@ -2,10 +2,12 @@ package claim
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/scripts"
 )
 
 // TestScriptsAreIdempotentPerToken: go-redis resends a script whose reply
@@ -38,5 +40,24 @@ func TestScriptsAreIdempotentPerToken(t *testing.T) {
 	v, err = completeScript.Run(ctx, s.rdb, keys, "token-2", rec, ms(time.Hour), fp, "", "c").Result()
 	if status, _, _ := decodeReply(v, err); status != "lost" {
 		t.Fatalf("complete with another token: %q, want lost", status)
+	}
+}
+
+// TestScriptCodecsAgree: the string record codec is copied into each script
+// (a script runs on its own, with redis-cli too); the copies must not drift.
+func TestScriptCodecsAgree(t *testing.T) {
+	codec := func(name, src string) string {
+		i := strings.Index(src, "-- record codec")
+		j := strings.Index(src, "-- end of record codec")
+		if i < 0 || j < i {
+			t.Fatalf("%s: no record codec block", name)
+		}
+		return src[i:j]
+	}
+	want := codec("claim.lua", scripts.Claim)
+	for name, src := range map[string]string{"complete.lua": scripts.Complete, "release.lua": scripts.Release, "inspect.lua": scripts.Inspect} {
+		if got := codec(name, src); got != want {
+			t.Errorf("%s's record codec differs from claim.lua's:\n%s\nwant\n%s", name, got, want)
+		}
 	}
 }

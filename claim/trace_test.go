@@ -36,12 +36,12 @@ func TestRecordTrace(t *testing.T) {
 					t.Fatal(err)
 				}
 				span.End()
-				got, err := be.rdb.HGet(ctx, claim.RecordKey("trace:"+be.name+":", key), "tr").Result()
-				if want == "" && err == nil {
+				got, ok := recordFields(t, be.rdb, claim.RecordKey("trace:"+be.name+":", key))["tr"]
+				if want == "" && ok {
 					t.Errorf("field tr: got %q, want none written", got)
 				}
 				if want != "" && got != want {
-					t.Errorf("field tr: got %q (%v), want %q", got, err, want)
+					t.Errorf("field tr: got %q, want %q", got, want)
 				}
 				for j, from := range []string{"Redis", "the replay cache"} {
 					_, r, err := s.Acquire(ctx, key, claim.Fingerprint{1}, terms)

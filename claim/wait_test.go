@@ -45,8 +45,8 @@ func TestWaitReplicas(t *testing.T) {
 	if err := lease.Complete(ctx, &claim.Record{Status: 201}, time.Hour); err != nil {
 		t.Fatalf("Complete with a live replica: %v", err)
 	}
-	if st, err := rc.HGet(ctx, "test:{"+hexKey(key)+"}", "st").Result(); err != nil || st != "c" {
-		t.Errorf("replica's record state %q, %v; want c", st, err)
+	if st := recordFields(t, rc, "test:{"+hexKey(key)+"}")["st"]; st != "c" {
+		t.Errorf("replica's record state %q; want c", st)
 	}
 
 	// NOSCRIPT goes through the pipelined path too.

@@ -1,6 +1,7 @@
 -- claim.lua: check-and-claim an idempotency key in one atomic step.
 --
--- KEYS[1]  record key  <prefix>{<hash>}, a hash:
+-- KEYS[1]  record key  <prefix>{<hash>}, a hash (RECORD_FORMAT=hash) or a string
+--                      (RECORD_FORMAT=string) holding the same fields:
 --            st   'i' in flight, 'c' completed, 'u' outcome unknown (ON_UNKNOWN=hold)
 --            tok  token of the claim that wrote it (fences complete and release)
 --            fp   fingerprint; up: upstream hash; at: claim start (ms, Redis clock)
@@ -8,6 +9,8 @@
 --            ct   when it was completed or became unknown (ms)
 --            rec  'c': the encoded response; 'u': the status answered (502, 504)
 --            tr   'c', only with tracing: '<trace-id>-<span-id>' of the execution (hex)
+--          Every script reads both forms, whatever it writes: replicas of either setting
+--          share one Redis during a rollout, and a record keeps its form until rewritten.
 -- KEYS[2]  claim mark  <prefix>{<hash>}:m, written only by versions before the lock deadline
 --                      lived in the record: it outlived their abandoned claims (read, for an
 --                      upgrade, when there is no record; never written)
@@ -20,6 +23,7 @@
 -- ARGV[5]  upstream    short hash of UPSTREAM_ID ('' for none): a record made in front of
 --                      one upstream is never replayed in front of another
 -- ARGV[6]  '1' hold    an in-flight claim whose lock expired becomes unknown (504)
+-- ARGV[7]  's'         write records as strings (RECORD_FORMAT=string); else as hashes
 --
 -- Reply, first element a status:
 --   {"claimed"}                 key was free; now in flight under ARGV[1]
@@ -38,7 +42,45 @@
 --
 -- Records of versions before 'ld' existed expire with their lock (PEXPIRE) and
 -- are in flight until then; their abandoned claims are found by the mark.
-local cur = redis.call('HMGET', KEYS[1], 'st', 'fp', 'rec', 'tok', 'up', 'ld', 'at', 'tr')
+
+-- record codec (the same in claim, complete, release and inspect.lua; a test
+-- compares them). A string record is 'R1', then st, tok, fp, up, at, ld, ct and
+-- tr, each as one length byte and its bytes, then rec to the end. Empty fields
+-- read as absent (false), as HMGET reads a missing hash field.
+local F = {'st', 'tok', 'fp', 'up', 'at', 'ld', 'ct', 'tr'}
+local function dec(v)
+  if string.sub(v, 1, 2) ~= 'R1' then
+    return nil
+  end
+  local r, p = {}, 3
+  for i = 1, 8 do
+    local n = string.byte(v, p)
+    if not n or p + n > #v then
+      return nil
+    end
+    local s = string.sub(v, p + 1, p + n)
+    r[F[i]] = s ~= '' and s
+    p = p + 1 + n
+  end
+  local rec = string.sub(v, p)
+  r.rec = rec ~= '' and rec
+  return r
+end
+local function enc(r)
+  local t = {'R1'}
+  for i = 1, 8 do
+    local s = r[F[i]] or ''
+    t[i + 1] = string.char(#s) .. s
+  end
+  t[10] = r.rec or ''
+  return table.concat(t)
+end
+local function notrecord()
+  return redis.error_reply('idemproxy: ' .. KEYS[1] .. ' holds a string that is not a record')
+end
+-- end of record codec
+
+local S = ARGV[7] == 's'
 local now = nil -- Redis's clock, read only when a lock is judged or written
 local function clock()
   if not now then
@@ -47,30 +89,102 @@ local function clock()
   end
   return now
 end
-local prev = nil
-if cur[1] then
-  local expired = cur[1] == 'i' and cur[6] and tonumber(cur[6]) <= clock()
-  if expired and cur[4] ~= ARGV[1] and ARGV[6] ~= '1' then
-    -- A lock that expired frees the key, whatever the request that held it.
-    prev = cur[7]
+local function claimRecord(at)
+  return {st = 'i', tok = ARGV[1], fp = ARGV[2], at = at,
+    ld = string.format('%d', clock() + tonumber(ARGV[3])), up = ARGV[5]}
+end
+
+-- The record's form: 'h' a hash, 's' a string, false none. A hash without st
+-- (not a record) is overwritten as if absent, as it always was.
+local kind, cur, mark = false, false, false
+local function readHash()
+  local h = redis.pcall('HMGET', KEYS[1], 'st', 'fp', 'rec', 'tok', 'up', 'ld', 'at', 'tr', 'ct')
+  if h.err then
+    return h
+  end
+  if h[1] then
+    kind, cur = 'h', {}
+    for i, f in ipairs({'st', 'fp', 'rec', 'tok', 'up', 'ld', 'at', 'tr', 'ct'}) do
+      cur[f] = h[i] ~= '' and h[i] -- as dec reads an empty field
+    end
+  end
+end
+if S then
+  -- The common case first: no record. One MGET reads it and the mark; a nil
+  -- there is no string, but may be a hash: SET NX tells.
+  local m = redis.call('MGET', KEYS[1], KEYS[2])
+  mark = m[2]
+  if m[1] then
+    kind, cur = 's', dec(m[1])
+    if not cur then
+      return notrecord()
+    end
+  elseif redis.call('SET', KEYS[1], enc(claimRecord(string.format('%d', clock()))), 'NX', 'PX', ARGV[4]) then
+    if not mark then
+      return {'claimed'}
+    end
+    kind = 's' -- ours now; the mark below decides what it becomes
   else
-    if cur[5] and cur[5] ~= '' and ARGV[5] ~= '' and cur[5] ~= ARGV[5] then
+    local e = readHash()
+    if e then
+      return e
+    end
+  end
+else
+  local e = readHash()
+  if e then
+    local v = redis.call('GET', KEYS[1])
+    kind, cur = 's', v and dec(v)
+    if not cur then
+      return notrecord()
+    end
+  end
+end
+
+-- put writes record r whole, in the form this replica writes, for ttl ms.
+local function put(r, ttl)
+  if S then
+    redis.call('SET', KEYS[1], enc(r), 'PX', ttl)
+    return
+  end
+  if kind == 's' then
+    redis.call('DEL', KEYS[1])
+  end
+  local args = {}
+  for _, f in ipairs({'st', 'tok', 'fp', 'up', 'at', 'ld', 'ct', 'rec', 'tr'}) do
+    if r[f] then
+      args[#args + 1] = f
+      args[#args + 1] = r[f]
+    end
+  end
+  redis.call('HSET', KEYS[1], unpack(args))
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+
+local prev = nil
+if cur then
+  local expired = cur.st == 'i' and cur.ld and tonumber(cur.ld) <= clock()
+  if expired and cur.tok ~= ARGV[1] and ARGV[6] ~= '1' then
+    -- A lock that expired frees the key, whatever the request that held it.
+    prev = cur.at
+  else
+    if cur.up and ARGV[5] ~= '' and cur.up ~= ARGV[5] then
       return {'otherupstream'}
     end
-    if cur[2] ~= ARGV[2] then
+    if cur.fp ~= ARGV[2] then
       return {'mismatch'}
     end
-    if cur[1] == 'c' then
+    if cur.st == 'c' then
       local pttl = tostring(redis.call('PTTL', KEYS[1]))
-      if cur[8] then
-        return {'replay', cur[3], pttl, cur[8]}
+      if cur.tr then
+        return {'replay', cur.rec or '', pttl, cur.tr}
       end
-      return {'replay', cur[3], pttl}
+      return {'replay', cur.rec or '', pttl}
     end
-    if cur[1] == 'u' then
-      return {'unknown', cur[3]}
+    if cur.st == 'u' then
+      return {'unknown', cur.rec}
     end
-    if cur[4] == ARGV[1] then
+    if cur.tok == ARGV[1] then
       -- Our own claim: the client resent the script after losing the reply.
       return {'claimed'}
     end
@@ -78,32 +192,45 @@ if cur[1] then
       return {'inflight'}
     end
     -- hold: the claimant died or lost Redis; the request may have run.
-    redis.call('HSET', KEYS[1], 'st', 'u', 'rec', '504', 'ct', string.format('%d', now))
-    redis.call('PEXPIRE', KEYS[1], ARGV[4])
+    if S or kind == 's' then
+      cur.st, cur.rec, cur.ct = 'u', '504', string.format('%d', now)
+      put(cur, ARGV[4])
+    else
+      redis.call('HSET', KEYS[1], 'st', 'u', 'rec', '504', 'ct', string.format('%d', now))
+      redis.call('PEXPIRE', KEYS[1], ARGV[4])
+    end
     return {'unknown', '504', 'held'}
   end
 end
 
-if not cur[1] then
-  local mark = redis.call('GET', KEYS[2])
+if not cur then
+  if not S then
+    mark = redis.call('GET', KEYS[2])
+  end
   if mark then
     -- An abandoned claim of an earlier version: its lock expired with its record.
     redis.call('DEL', KEYS[2])
     if ARGV[6] == '1' then
       local snow = string.format('%d', clock())
-      redis.call('HSET', KEYS[1], 'st', 'u', 'tok', '', 'fp', ARGV[2], 'up', ARGV[5], 'rec', '504',
-        'at', mark, 'ct', snow)
-      redis.call('PEXPIRE', KEYS[1], ARGV[4])
+      put({st = 'u', tok = '', fp = ARGV[2], up = ARGV[5], rec = '504', at = mark, ct = snow}, ARGV[4])
       return {'unknown', '504', 'held'}
     end
     prev = mark
   end
 end
 
+if kind == 's' and S and not cur then
+  -- Claimed by the SET NX above; only the mark had to be looked at.
+  return {'takeover', string.format('%d', now - tonumber(prev))}
+end
 local snow = string.format('%d', clock())
-redis.call('HSET', KEYS[1], 'st', 'i', 'tok', ARGV[1], 'fp', ARGV[2], 'at', snow,
-  'ld', string.format('%d', now + tonumber(ARGV[3])), 'up', ARGV[5])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+if S or kind == 's' then
+  put(claimRecord(snow), ARGV[4])
+else
+  redis.call('HSET', KEYS[1], 'st', 'i', 'tok', ARGV[1], 'fp', ARGV[2], 'at', snow,
+    'ld', string.format('%d', now + tonumber(ARGV[3])), 'up', ARGV[5])
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+end
 if prev then
   return {'takeover', string.format('%d', now - tonumber(prev))}
 end

@@ -10,6 +10,9 @@
 --                      upstream timed out or broke off after the request was sent)
 -- ARGV[7]  trace       '<trace-id>-<span-id>' of the execution, written as field tr;
 --                      '' (tracing off, or not sampled): nothing is written
+-- ARGV[8]  's'         write records as strings (RECORD_FORMAT=string); else as hashes.
+--                      A record of the other form is read all the same and rewritten
+--                      whole in this one.
 --
 -- Reply: {"ok"}; {"lost"} when the record is held under another token (our
 -- lock expired and another request took over, or an operator purged the key
@@ -25,34 +28,143 @@
 -- Completing twice with the same token answers "ok" again (the client
 -- resent the script after losing the reply). A completed record is never
 -- turned into an unknown one.
-local cur = redis.call('HMGET', KEYS[1], 'st', 'tok', 'ld')
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local function trace()
-  if ARGV[7] and ARGV[7] ~= '' then
-    redis.call('HSET', KEYS[1], 'tr', ARGV[7])
+
+-- record codec (the same in claim, complete, release and inspect.lua; a test
+-- compares them). A string record is 'R1', then st, tok, fp, up, at, ld, ct and
+-- tr, each as one length byte and its bytes, then rec to the end. Empty fields
+-- read as absent (false), as HMGET reads a missing hash field.
+local F = {'st', 'tok', 'fp', 'up', 'at', 'ld', 'ct', 'tr'}
+local function dec(v)
+  if string.sub(v, 1, 2) ~= 'R1' then
+    return nil
+  end
+  local r, p = {}, 3
+  for i = 1, 8 do
+    local n = string.byte(v, p)
+    if not n or p + n > #v then
+      return nil
+    end
+    local s = string.sub(v, p + 1, p + n)
+    r[F[i]] = s ~= '' and s
+    p = p + 1 + n
+  end
+  local rec = string.sub(v, p)
+  r.rec = rec ~= '' and rec
+  return r
+end
+local function enc(r)
+  local t = {'R1'}
+  for i = 1, 8 do
+    local s = r[F[i]] or ''
+    t[i + 1] = string.char(#s) .. s
+  end
+  t[10] = r.rec or ''
+  return table.concat(t)
+end
+local function notrecord()
+  return redis.error_reply('idemproxy: ' .. KEYS[1] .. ' holds a string that is not a record')
+end
+-- end of record codec
+
+local S = ARGV[8] == 's'
+-- The record: as a hash, only the fields this script needs, unless it is to
+-- be rewritten as a string; as a string, whole.
+local kind, cur = false, false
+local function readHash(fields)
+  local h = redis.pcall('HMGET', KEYS[1], unpack(fields))
+  if h.err then
+    return h
+  end
+  if h[1] then
+    kind, cur = 'h', {}
+    for i, f in ipairs(fields) do
+      cur[f] = h[i] ~= '' and h[i]
+    end
   end
 end
-if not cur[1] then
-  redis.call('HSET', KEYS[1], 'st', ARGV[6], 'tok', ARGV[1], 'fp', ARGV[4], 'up', ARGV[5],
-    'rec', ARGV[2], 'ct', string.format('%d', now))
-  trace()
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local function readString()
+  local v = redis.call('GET', KEYS[1])
+  if v then
+    kind, cur = 's', dec(v)
+    if not cur then
+      return notrecord()
+    end
+  end
+end
+local e
+if S then
+  e = redis.pcall('GET', KEYS[1])
+  if type(e) == 'table' and e.err then
+    e = readHash({'st', 'tok', 'fp', 'up', 'at', 'ld', 'ct', 'rec', 'tr'})
+  elseif e then
+    kind, cur, e = 's', dec(e), nil
+    if not cur then
+      e = notrecord()
+    end
+  end
+else
+  e = readHash({'st', 'tok', 'ld'})
+  if e then
+    e = readString()
+  end
+end
+if e then
+  return e
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local tr = ARGV[7] ~= '' and ARGV[7]
+
+-- put writes record r whole, in the form this replica writes, for ttl ms.
+local function put(r, ttl)
+  if S then
+    redis.call('SET', KEYS[1], enc(r), 'PX', ttl)
+    return
+  end
+  if kind == 's' then
+    redis.call('DEL', KEYS[1])
+  end
+  local args = {}
+  for _, f in ipairs({'st', 'tok', 'fp', 'up', 'at', 'ld', 'ct', 'rec', 'tr'}) do
+    if r[f] then
+      args[#args + 1] = f
+      args[#args + 1] = r[f]
+    end
+  end
+  redis.call('HSET', KEYS[1], unpack(args))
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+
+if not cur then
+  put({st = ARGV[6], tok = ARGV[1], fp = ARGV[4], up = ARGV[5] ~= '' and ARGV[5], rec = ARGV[2],
+    ct = string.format('%d', now), tr = tr}, ARGV[3])
   return {'ok', 'recreated'}
 end
-if cur[2] ~= ARGV[1] then
+if cur.tok ~= ARGV[1] then
   return {'lost'}
 end
-if cur[1] == 'c' then
+if cur.st == 'c' then
   return {'ok'}
 end
-if cur[1] == ARGV[6] then
+if cur.st == ARGV[6] then
   return {'ok', 'already'}
 end
-redis.call('HSET', KEYS[1], 'st', ARGV[6], 'rec', ARGV[2], 'ct', string.format('%d', now))
-trace()
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-if cur[1] == 'u' or (cur[3] and tonumber(cur[3]) <= now) then
+local late = cur.st == 'u' or (cur.ld and tonumber(cur.ld) <= now)
+if kind == 'h' and not S then
+  if tr then
+    redis.call('HSET', KEYS[1], 'st', ARGV[6], 'rec', ARGV[2], 'ct', string.format('%d', now), 'tr', tr)
+  else
+    redis.call('HSET', KEYS[1], 'st', ARGV[6], 'rec', ARGV[2], 'ct', string.format('%d', now))
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+else
+  cur.st, cur.rec, cur.ct = ARGV[6], ARGV[2], string.format('%d', now)
+  if tr then
+    cur.tr = tr
+  end
+  put(cur, ARGV[3])
+end
+if late then
   return {'ok', 'late'}
 end
 return {'ok'}

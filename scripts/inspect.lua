@@ -1,21 +1,69 @@
 -- inspect.lua: read one record for an operator (idemproxy keys get, list).
 -- Writes nothing. One key per call, so it runs on Redis Cluster too.
 --
--- KEYS[1]  record key  <prefix>{<hash>}
+-- KEYS[1]  record key  <prefix>{<hash>}, a hash or a string (see claim.lua)
 -- ARGV[1]  "body": reply with the whole rec field; anything else: its first
 --          16 bytes only (enough for the status; list must not move bodies)
 --
 -- Reply, first element the key's type:
 --   {"none"}                   no such key
---   {"<type>"}                 a key of another type (not a record)
---   {"hash", st, fp, at, ld, ct, up, rec, "<rec length>", "<pttl ms>", tr}
+--   {"<type>"}                 a key of another type, or a string that is not a
+--                              record (not a record)
+--   {"<form>", st, fp, at, ld, ct, up, rec, "<rec length>", "<pttl ms>", tr}
+--                              a record; form is "hash" or "string";
 --                              absent fields are ''; pttl -1 means no expiry;
 --                              tr is the execution's "<trace-id>-<span-id>"
+
+-- record codec (the same in claim, complete, release and inspect.lua; a test
+-- compares them). A string record is 'R1', then st, tok, fp, up, at, ld, ct and
+-- tr, each as one length byte and its bytes, then rec to the end. Empty fields
+-- read as absent (false), as HMGET reads a missing hash field.
+local F = {'st', 'tok', 'fp', 'up', 'at', 'ld', 'ct', 'tr'}
+local function dec(v)
+  if string.sub(v, 1, 2) ~= 'R1' then
+    return nil
+  end
+  local r, p = {}, 3
+  for i = 1, 8 do
+    local n = string.byte(v, p)
+    if not n or p + n > #v then
+      return nil
+    end
+    local s = string.sub(v, p + 1, p + n)
+    r[F[i]] = s ~= '' and s
+    p = p + 1 + n
+  end
+  local rec = string.sub(v, p)
+  r.rec = rec ~= '' and rec
+  return r
+end
+local function enc(r)
+  local t = {'R1'}
+  for i = 1, 8 do
+    local s = r[F[i]] or ''
+    t[i + 1] = string.char(#s) .. s
+  end
+  t[10] = r.rec or ''
+  return table.concat(t)
+end
+local function notrecord()
+  return redis.error_reply('idemproxy: ' .. KEYS[1] .. ' holds a string that is not a record')
+end
+-- end of record codec
+
 local t = redis.call('TYPE', KEYS[1])['ok']
-if t ~= 'hash' then
+local f
+if t == 'hash' then
+  f = redis.call('HMGET', KEYS[1], 'st', 'fp', 'at', 'ld', 'ct', 'up', 'rec', 'tr')
+elseif t == 'string' then
+  local r = dec(redis.call('GET', KEYS[1]))
+  if not r then
+    return {t}
+  end
+  f = {r.st, r.fp, r.at, r.ld, r.ct, r.up, r.rec, r.tr}
+else
   return {t}
 end
-local f = redis.call('HMGET', KEYS[1], 'st', 'fp', 'at', 'ld', 'ct', 'up', 'rec', 'tr')
 for i = 1, 8 do
   if not f[i] then
     f[i] = ''
@@ -25,4 +73,4 @@ local n = string.len(f[7])
 if ARGV[1] ~= 'body' then
   f[7] = string.sub(f[7], 1, 16)
 end
-return {'hash', f[1], f[2], f[3], f[4], f[5], f[6], f[7], tostring(n), tostring(redis.call('PTTL', KEYS[1])), f[8]}
+return {t, f[1], f[2], f[3], f[4], f[5], f[6], f[7], tostring(n), tostring(redis.call('PTTL', KEYS[1])), f[8]}

@@ -3,13 +3,62 @@
 -- request held as unknown while ours was slow (its lock expired) is freed
 -- too: the answer came, and it says nothing happened.
 --
--- KEYS[1]  record key  <prefix>{<hash>}
+-- KEYS[1]  record key  <prefix>{<hash>}, a hash or a string (see claim.lua)
 -- ARGV[1]  token       the claimant's token
 --
 -- Reply: {"ok"}, or {"lost"} when the record is gone, completed or held under
 -- another token: nothing is deleted then.
-local cur = redis.call('HMGET', KEYS[1], 'st', 'tok')
-if (cur[1] ~= 'i' and cur[1] ~= 'u') or cur[2] ~= ARGV[1] then
+
+-- record codec (the same in claim, complete, release and inspect.lua; a test
+-- compares them). A string record is 'R1', then st, tok, fp, up, at, ld, ct and
+-- tr, each as one length byte and its bytes, then rec to the end. Empty fields
+-- read as absent (false), as HMGET reads a missing hash field.
+local F = {'st', 'tok', 'fp', 'up', 'at', 'ld', 'ct', 'tr'}
+local function dec(v)
+  if string.sub(v, 1, 2) ~= 'R1' then
+    return nil
+  end
+  local r, p = {}, 3
+  for i = 1, 8 do
+    local n = string.byte(v, p)
+    if not n or p + n > #v then
+      return nil
+    end
+    local s = string.sub(v, p + 1, p + n)
+    r[F[i]] = s ~= '' and s
+    p = p + 1 + n
+  end
+  local rec = string.sub(v, p)
+  r.rec = rec ~= '' and rec
+  return r
+end
+local function enc(r)
+  local t = {'R1'}
+  for i = 1, 8 do
+    local s = r[F[i]] or ''
+    t[i + 1] = string.char(#s) .. s
+  end
+  t[10] = r.rec or ''
+  return table.concat(t)
+end
+local function notrecord()
+  return redis.error_reply('idemproxy: ' .. KEYS[1] .. ' holds a string that is not a record')
+end
+-- end of record codec
+
+local st, tok
+local h = redis.pcall('HMGET', KEYS[1], 'st', 'tok')
+if h.err then
+  local v = redis.call('GET', KEYS[1]) -- a string record (or not a record: an error)
+  local r = dec(v)
+  if not r then
+    return notrecord()
+  end
+  st, tok = r.st, r.tok
+else
+  st, tok = h[1], h[2]
+end
+if (st ~= 'i' and st ~= 'u') or tok ~= ARGV[1] then
   return {'lost'}
 end
 redis.call('DEL', KEYS[1])
