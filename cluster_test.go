@@ -123,6 +123,41 @@ func TestCluster(t *testing.T) {
 			len(keys), sends, len(keys), replays, conflicts)
 	})
 
+	// RECORD_FORMAT=string beside the hash proxy on one Cluster, as during
+	// its rollout: the claim's MGET reads two keys of one slot on every
+	// master; each key executes once, is kept as a string on its slot's
+	// master, and both proxies replay it.
+	t.Run("string records beside hash records", func(t *testing.T) {
+		ps := startFleetProxy(t, up.URL, "REDIS_MODE=cluster", "REDIS_ADDRS="+strings.Join(c.Addrs(), ","), "RECORD_FORMAT=string")
+		keys := fleetKeys("strings", 90)
+		first := ps.sendAll(keys, 8)
+		perMaster := map[string]int{}
+		for _, k := range keys {
+			if a := first[k]; !fleetExecuted(a) {
+				t.Fatalf("first send of %s: status %d replayed=%v err=%v, want 201 executed", k, a.status, a.replayed, a.err)
+			}
+			m := c.NodeForKey(fleetRedisKey(k))
+			if typ, err := fleetNodeClient(t, m).Type(context.Background(), fleetRedisKey(k)).Result(); err != nil || typ != "string" {
+				t.Fatalf("record of %s on %s: a Redis %q (%v), want string", k, m.Addr(), typ, err)
+			}
+			perMaster[m.Addr()]++
+		}
+		if len(perMaster) != 3 {
+			t.Fatalf("records landed on %d masters, want all 3: %v", len(perMaster), perMaster)
+		}
+		for _, via := range []struct {
+			name string
+			p    *fleetProxy
+		}{{"the hash proxy", p}, {"the string proxy", ps}} {
+			for k, a := range via.p.sendAll(keys, 8) {
+				if a.err != nil || a.status != http.StatusCreated || !a.replayed || a.body != first[k].body || up.KeyCalls(k) != 1 {
+					t.Errorf("%s via %s: status %d replayed=%v err=%v, executed %d times; want a replay of the first answer",
+						k, via.name, a.status, a.replayed, a.err, up.KeyCalls(k))
+				}
+			}
+		}
+	})
+
 	// NOSCRIPT: a node that was restarted or promoted has an empty script
 	// cache. After SCRIPT FLUSH on every node, claims, completions and
 	// replays must still work (EVALSHA falls back to EVAL), on all masters.

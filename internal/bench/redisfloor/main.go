@@ -6,7 +6,8 @@
 //
 // -g goroutines each loop on a fresh key: Store.Acquire (claim.lua), then
 // Lease.Complete (complete.lua) with the record of the bench upstream's 201
-// answer, through the claim package as idemproxy calls it. -script return1
+// answer, through the claim package as idemproxy calls it; -script strings
+// the same with string records (RECORD_FORMAT=string). -script return1
 // sends two EVALSHAs of "return 1" per iteration instead: the floor of any
 // design with two scripts per request; -script minimal two scripts that
 // write once each (SET NX GET PX, then SET PX of the record) and check
@@ -112,13 +113,13 @@ func main() {
 	g := flag.Int("g", 64, "concurrent goroutines, each a request at a time (as wrk's connections)")
 	duration := flag.Duration("duration", 4*time.Second, "measured window")
 	warmup := flag.Duration("warmup", time.Second, "warm-up before the measured window (0: none)")
-	script := flag.String("script", "scripts", "scripts: claim.lua then complete.lua on a fresh key; return1: two EVALSHAs of \"return 1\"; minimal: two scripts that write once each (SET NX GET PX, SET PX) and check nothing; commands: the same two writes as plain commands (SET NX GET EX, SET EX: go-redis sends the 24 h TTL as EX)")
+	script := flag.String("script", "scripts", "scripts: claim.lua then complete.lua on a fresh key; strings: the same with RECORD_FORMAT=string; return1: two EVALSHAs of \"return 1\"; minimal: two scripts that write once each (SET NX GET PX, SET PX) and check nothing; commands: the same two writes as plain commands (SET NX GET EX, SET EX: go-redis sends the 24 h TTL as EX)")
 	client := flag.String("client", "auto", "auto: go-redis automatic pipelining (idemproxy's default); plain: pooled connections")
 	prefix := flag.String("key-prefix", "idem:", "KEY_PREFIX of the records written")
 	flag.Parse()
 	if *addr == "" || *g < 1 || *duration <= 0 || *warmup < 0 ||
-		(*script != "scripts" && *script != "return1" && *script != "minimal" && *script != "commands") || (*client != "auto" && *client != "plain") {
-		fmt.Fprintln(os.Stderr, "redisfloor: need -addr, -g >= 1, -duration > 0, -warmup >= 0, -script scripts|return1|minimal|commands, -client auto|plain")
+		(*script != "scripts" && *script != "strings" && *script != "return1" && *script != "minimal" && *script != "commands") || (*client != "auto" && *client != "plain") {
+		fmt.Fprintln(os.Stderr, "redisfloor: need -addr, -g >= 1, -duration > 0, -warmup >= 0, -script scripts|strings|return1|minimal|commands, -client auto|plain")
 		os.Exit(2)
 	}
 	if err := run(*addr, *g, *duration, *warmup, *script, *client, *prefix); err != nil {
@@ -278,7 +279,8 @@ func iteration(scripter redisClient, script, prefix string) (func(ctx context.Co
 	// workload) and an upstream id, whose hash the scripts store and
 	// compare. No metrics observer and no tracing: they cost the client, not
 	// Redis.
-	store := claim.NewStore(scripter, prefix, nil, claim.ReplayCache(16<<20, time.Minute), claim.Upstream("http://127.0.0.1"))
+	store := claim.NewStore(scripter, prefix, nil, claim.ReplayCache(16<<20, time.Minute), claim.Upstream("http://127.0.0.1"),
+		claim.StringRecords(script == "strings"))
 	return func(ctx context.Context, key string) error {
 		lease, replayed, err := store.Acquire(ctx, claim.NewKey(nil, key), fp, terms)
 		if err != nil {

@@ -28,7 +28,7 @@ func TestIterationModes(t *testing.T) {
 	}
 	defer ap.Close()
 	enc := string(answer().Encode())
-	for _, mode := range []string{"scripts", "return1", "minimal", "commands"} {
+	for _, mode := range []string{"scripts", "strings", "return1", "minimal", "commands"} {
 		t.Run(mode, func(t *testing.T) {
 			if err := rdb.FlushAll(ctx).Err(); err != nil {
 				t.Fatal(err)
@@ -74,7 +74,10 @@ func TestIterationModes(t *testing.T) {
 					t.Errorf("%s: no script ran:\n%s", mode, stats)
 				}
 			}
-			if mode != "scripts" {
+			if typ := rdb.Type(ctx, keys[0]).Val(); mode == "scripts" && typ != "hash" || mode != "scripts" && typ != "string" {
+				t.Errorf("%s: the record is a Redis %s", mode, typ)
+			}
+			if mode != "scripts" && mode != "strings" {
 				if v, err := rdb.Get(ctx, keys[0]).Result(); err != nil || v != enc {
 					t.Errorf("record %q (%v), want the encoded answer", v, err)
 				}
