@@ -386,7 +386,10 @@ type keyJSON struct {
 	Trailers      map[string][]string  `json:"trailers,omitempty"`
 	// Trace is the execution's "<trace-id>-<span-id>" (record field tr).
 	Trace string `json:"trace,omitempty"`
-	Error string `json:"error,omitempty"`
+	// Format is "string" for a record kept as one string
+	// (RECORD_FORMAT=string); absent for a hash.
+	Format string `json:"format,omitempty"`
+	Error  string `json:"error,omitempty"`
 }
 
 func newKeyJSON(k claim.Key, e *claim.Entry) keyJSON {
@@ -395,6 +398,9 @@ func newKeyJSON(k claim.Key, e *claim.Entry) keyJSON {
 		return j
 	}
 	j.State, j.Status, j.Upstream, j.Trace = e.State, e.Status, e.Upstream, e.Trace
+	if e.StringForm {
+		j.Format = "string"
+	}
 	j.Fingerprint = hex.EncodeToString(e.Fingerprint)
 	j.ClaimedAt, j.CompletedAt, j.LockExpiresAt = jsonTime(e.ClaimedAt), jsonTime(e.CompletedAt), jsonTime(e.LockExpiresAt)
 	j.TTLms = e.TTL.Milliseconds()

@@ -54,6 +54,9 @@ type Entry struct {
 	Record *Record
 	// RecordBytes is the size of the encoded record (rec field).
 	RecordBytes int
+	// StringForm is true for a record kept as one string
+	// (RECORD_FORMAT=string), false for a hash.
+	StringForm bool
 	// Trace is the execution's trace context, "<trace-id>-<span-id>" (field
 	// tr; see Record.Trace), or "" (tracing off, not sampled, in flight).
 	Trace string
@@ -272,7 +275,7 @@ func decodeInspect(k Key, v any, body bool) (*Entry, error) {
 	if st != "i" {
 		ld = "" // the lock deadline stays in the record after it; it means nothing then
 	}
-	e := &Entry{Key: k, Fingerprint: []byte(fp), Upstream: up, Trace: f[10]}
+	e := &Entry{Key: k, Fingerprint: []byte(fp), Upstream: up, Trace: f[10], StringForm: f[0] == "string"}
 	var err error
 	if e.RecordBytes, err = strconv.Atoi(f[8]); err != nil {
 		return nil, fmt.Errorf("bad inspect reply length %q", f[8])
