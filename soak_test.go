@@ -124,6 +124,9 @@ func (f *soakFleet) start(p *soakProc) {
 		"REQUEST_READ_TIMEOUT=1s",
 		"SHUTDOWN_TIMEOUT=18s", // at least REQUEST_READ_TIMEOUT + UPSTREAM_TIMEOUT + 16s, or the proxy refuses to start
 		"LOG_LEVEL=warn",
+		// Incarnations alternate between the record formats, so every
+		// restart is a step of a rolling switch: each key meets both.
+		"RECORD_FORMAT=" + [2]string{"hash", "string"}[p.inc%2],
 	}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -272,7 +275,8 @@ func soakLogHashes(t *testing.T, paths []string) map[string]string {
 	return out
 }
 
-// TestSoak is the chaos soak. Redis runs with appendonly yes and appendfsync
+// TestSoak is the chaos soak. Proxy incarnations alternate between
+// RECORD_FORMAT=hash and string. Redis runs with appendonly yes and appendfsync
 // always: Redis answers a write only after it is fsynced, so a record
 // survives a SIGKILL of Redis and the invariant needs no "epochs": every key
 // executes at most once per recorded outcome across the whole run.
