@@ -209,7 +209,7 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 	}
 	probeUpstream(context.Background(), cfg.upstream, logger)
 	ev := logger.Info().Str("listen", a.proxyAddr.String()).Str("upstream", cfg.upstream.Redacted()).
-		Str("redis_mode", cfg.RedisMode).Str("version", version)
+		Str("redis_mode", cfg.RedisMode).Str("record_format", cfg.RecordFormat).Str("version", version)
 	if a.adminAddr != nil {
 		ev = ev.Str("admin", a.adminAddr.String())
 	}

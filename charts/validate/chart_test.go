@@ -16,12 +16,13 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
-// contractVars are the environment variables of shared/contract.md (plus REDIS_WAIT_*)
+// contractVars are the environment variables of shared/contract.md (plus REDIS_WAIT_* and
+// the proxy's own, such as RECORD_FORMAT)
 // that the chart's ConfigMap must carry. The Redis credentials are deliberately absent: they
 // come from a Secret.
 var contractVars = []string{
 	"UPSTREAM_URL", "LISTEN_ADDR", "ADMIN_ADDR", "REDIS_MODE", "REDIS_ADDRS", "REDIS_MASTER_NAME",
-	"REDIS_TLS", "REDIS_WAIT_REPLICAS", "REDIS_WAIT_TIMEOUT", "REDIS_AUTOPIPELINE", "REPLAY_CACHE_BYTES", "KEY_PREFIX", "IDEMPOTENCY_HEADER", "METHODS", "TTL",
+	"REDIS_TLS", "REDIS_WAIT_REPLICAS", "REDIS_WAIT_TIMEOUT", "REDIS_AUTOPIPELINE", "REPLAY_CACHE_BYTES", "KEY_PREFIX", "RECORD_FORMAT", "IDEMPOTENCY_HEADER", "METHODS", "TTL",
 	"LOCK_TTL", "UPSTREAM_TIMEOUT", "UPSTREAM_ID", "REQUEST_READ_TIMEOUT", "REQUIRE_KEY", "MAX_KEY_LENGTH", "MAX_BODY_BYTES",
 	"MAX_STORED_RESPONSE_BYTES", "SCOPE_HEADERS", "FINGERPRINT", "FAIL_MODE", "WAIT_TIMEOUT", "ON_5XX", "ON_UNKNOWN", "MODE", "DOCS_URL", "ROUTES",
 	"LOG_LEVEL", "LOG_FORMAT", "SHUTDOWN_TIMEOUT",
