@@ -4,7 +4,7 @@
 #   scripts/bench.sh [-quick] [-duration 8s] [-warmup 2s] [-rounds 2] [-conns 64]
 #                    [-only unique,replay,mixed,nokey,unique1k,json1k,open,info,floor,mem] [-delays 0,2ms]
 #                    [-open-rate 0.5] [-open-duration 5s] [-open-warmup 1s] [-open-rounds N]
-#                    [-cpus wrk=0,proxy=1,upstream=1,redis=1] [-idem-bare] [-idem-bin PATH] [-ceiling redis|local|commands] [-idem-ceiling redis|local|commands]
+#                    [-cpus wrk=0,proxy=1,upstream=1,redis=1] [-idem-bare] [-idem-bin PATH] [-ceiling redis|local|commands|strings] [-idem-ceiling redis|local|commands]
 #                    [-idem-env KEY=VALUE]... [-keep] [-v]
 #
 # open: the unique workload at a fixed rate (open loop, internal/bench/openloop with the vegeta
@@ -14,6 +14,7 @@
 # -ceiling redis|local|commands: internal/bench/ceilingproxy, a bare proxy plus a minimal two-script design
 # ("local": the same work without Redis; "commands": a plain SET NX GET EX and a plain SET EX
 # instead of its scripts, the least any design writes), as a third target in every closed-loop round;
+# -ceiling strings: idemproxy itself with RECORD_FORMAT=string as that third target instead;
 # -idem-ceiling redis|local|commands: the same proxy in idemproxy's slot instead (for the open-loop phase).
 #
 # Needs go, wrk, redis-server and taskset (wrk and redis-server are installed with apt-get when

@@ -170,7 +170,7 @@ func parseFlags(args []string) (*config, int) {
 	fs.BoolVar(&cfg.idemBare, "idem-bare", false, "self-test: a second bare proxy takes idemproxy's slot (ratios show the noise floor)")
 	fs.StringVar(&cfg.idemBin, "idem-bin", "", "benchmark this idemproxy binary instead of building the tree")
 	fs.StringVar(&cfg.idemCeiling, "idem-ceiling", "", "internal/bench/ceilingproxy takes idemproxy's slot: redis (a bare proxy plus a minimal two-script design: body and answer in memory, key and fingerprint hashed, two small Redis scripts; -only unique,replay,mixed,open), local (the same without Redis; -only unique,open) or commands (the same with a plain SET NX GET EX and a plain SET EX instead of the scripts, the least any design writes; -only as redis)")
-	fs.StringVar(&cfg.ceiling, "ceiling", "", "add internal/bench/ceilingproxy (redis, local or commands, as -idem-ceiling) as a third target to the closed-loop rounds, alternated with bare and idemproxy in the same run; -only unique,replay,mixed (local: unique)")
+	fs.StringVar(&cfg.ceiling, "ceiling", "", "add internal/bench/ceilingproxy (redis, local or commands, as -idem-ceiling) as a third target to the closed-loop rounds, alternated with bare and idemproxy in the same run; -only unique,replay,mixed (local: unique). strings: idemproxy itself with RECORD_FORMAT=string as the third target, reported as idem(string)")
 	var idemEnv listFlag
 	fs.Var(&idemEnv, "idem-env", "extra KEY=VALUE in idemproxy's environment (repeatable)")
 	memSlackMiB := fs.Float64("mem-slack", 4, "MiB of RSS growth allowed on top of MAX_STORED_RESPONSE_BYTES in the 10 MiB check")
@@ -282,8 +282,8 @@ func parseFlags(args []string) (*config, int) {
 	}
 	cfg.idemEnv = idemEnv
 	if cfg.ceiling != "" {
-		if !slices.Contains(ceilingModes, cfg.ceiling) {
-			bad = append(bad, fmt.Sprintf("-ceiling: %q (want %s)", cfg.ceiling, strings.Join(ceilingModes, ", ")))
+		if !slices.Contains(ceilingModes, cfg.ceiling) && cfg.ceiling != ceilingStrings {
+			bad = append(bad, fmt.Sprintf("-ceiling: %q (want %s or %s)", cfg.ceiling, strings.Join(ceilingModes, ", "), ceilingStrings))
 		}
 		if cfg.idemBare || cfg.idemCeiling != "" {
 			bad = append(bad, "-ceiling: not with -idem-bare or -idem-ceiling")
@@ -809,7 +809,7 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], baseEnv(), logPath, b.bareBin,
 			"-listen", addr, "-upstream", up.url)
 		ready = func() error { return b.get(t.url + "/healthz") }
-	} else if mode := b.ceilingMode(kind); mode != "" {
+	} else if mode := b.ceilingMode(kind); mode != "" && mode != ceilingStrings {
 		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], baseEnv(), logPath, b.ceilingBin,
 			ceilingArgs(mode, addr, up.url, b.redisAddr)...)
 		ready = func() error { return b.get(t.url + "/healthz") }
@@ -826,6 +826,9 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 			"REDIS_URL=redis://"+b.redisAddr,
 			"LOG_LEVEL=warn")
 		env = append(env, idemEnvFor(b.cfg.idemEnv, wl)...)
+		if b.ceilingMode(kind) == ceilingStrings {
+			env = append(env, "RECORD_FORMAT=string") // over any -idem-env RECORD_FORMAT
+		}
 		switch kind { // last: over any -idem-env LOG_LEVEL
 		case "info":
 			env = append(env, "LOG_LEVEL=info")
@@ -861,6 +864,18 @@ func ceilingArgs(mode, listen, upstream, redisAddr string) []string {
 
 // ceilingModes are the modes of -ceiling and -idem-ceiling.
 var ceilingModes = []string{"redis", "local", "commands"}
+
+// ceilingStrings, as -ceiling, makes the third target idemproxy itself with
+// RECORD_FORMAT=string: the two record formats alternate in one run.
+const ceilingStrings = "strings"
+
+// ceilingName is how the report names -ceiling's third target.
+func ceilingName(mode string) string {
+	if mode == ceilingStrings {
+		return "idem(string)"
+	}
+	return "ceiling(" + mode + ")"
+}
 
 // ceilingMode is the ceiling proxy's mode when target kind runs it: the
 // third target of -ceiling, or idemproxy's slot with -idem-ceiling; "" when

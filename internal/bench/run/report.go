@@ -118,7 +118,7 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 			fmt.Fprintf(tw, "%s\t%s\t%s/bare\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t\t\t\t\n", r.workload, delay, idemName,
 				rs["req/s"], rs["p50"], rs["p99"], rs["cpu"], rs["rss"])
 			if len(r.ceil) > 0 {
-				ceilName := "ceiling(" + cfg.ceiling + ")"
+				ceilName := ceilingName(cfg.ceiling)
 				row(ceilName, r.ceil)
 				ratios := func(name string, num, den []sample) {
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t\t\t\t\n", r.workload, delay, name,

@@ -576,6 +576,9 @@ func TestParseFlagsCeiling(t *testing.T) {
 	if code >= 0 || cfg.ceiling != "redis" {
 		t.Errorf("-ceiling redis: code %d, ceiling %q", code, cfg.ceiling)
 	}
+	if cfg, code := parseFlags([]string{"-ceiling", "strings", "-only", "unique,mixed"}); code >= 0 || cfg.ceiling != "strings" || ceilingName(cfg.ceiling) != "idem(string)" {
+		t.Errorf("-ceiling strings -only unique,mixed: code %d, ceiling %q", code, cfg.ceiling)
+	}
 	if cfg, code := parseFlags([]string{"-ceiling", "commands", "-only", "unique,replay"}); code >= 0 || cfg.ceiling != "commands" {
 		t.Errorf("-ceiling commands -only unique,replay: code %d, ceiling %q", code, cfg.ceiling)
 	}
@@ -584,6 +587,7 @@ func TestParseFlagsCeiling(t *testing.T) {
 		{"-ceiling", "local", "-only", "replay"},
 		{"-ceiling", "commands", "-only", "unique,open"},
 		{"-ceiling", "both", "-only", "unique"},
+		{"-idem-ceiling", "strings", "-only", "unique"}, // -idem-env RECORD_FORMAT=string is that
 		{"-ceiling", "redis", "-only", "unique", "-idem-ceiling", "redis"},
 		{"-ceiling", "redis", "-only", "unique", "-idem-bare"},
 	} {
