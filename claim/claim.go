@@ -364,7 +364,11 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, terms Term
 		lease.TakenOver, lease.TakeoverAge = true, time.Duration(age)*time.Millisecond
 		return lease, nil, nil
 	case "replay":
-		rec, derr := DecodeRecord([]byte(args[0]))
+		enc, perr := replayed(args)
+		if perr != nil {
+			return nil, nil, fmt.Errorf("claim %s: %w", key, perr)
+		}
+		rec, derr := DecodeRecord([]byte(enc))
 		if derr != nil {
 			return nil, nil, fmt.Errorf("claim %s: %w", key, derr)
 		}
@@ -373,7 +377,7 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, terms Term
 			if pttl, perr := strconv.ParseInt(args[1], 10, 64); perr == nil && pttl > 0 {
 				// Redis measured the remaining TTL after we sent the claim:
 				// counting from the send keeps the entry inside it.
-				s.cache.put(key, fp, rec, len(args[0]), start.Add(time.Duration(pttl)*time.Millisecond), gen)
+				s.cache.put(key, fp, rec, len(enc), start.Add(time.Duration(pttl)*time.Millisecond), gen)
 			}
 		}
 		return nil, rec, nil
@@ -393,6 +397,21 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, terms Term
 	return nil, nil, fmt.Errorf("claim %s: unexpected status %q", key, status)
 }
 
+// replayed is the encoded record of a "replay" reply: the whole of args[0],
+// or, for a string record, args[0] from the 1-based position args[3] on
+// (claim.lua hands over the record's string whole rather than copy the
+// answer out of it inside Redis).
+func replayed(args [4]string) (string, error) {
+	if args[3] == "" {
+		return args[0], nil
+	}
+	at, err := strconv.Atoi(args[3])
+	if err != nil || at < 1 || at > len(args[0])+1 {
+		return "", fmt.Errorf("bad replay offset %q in a string record of %d bytes: %w", args[3], len(args[0]), ErrBadRecord)
+	}
+	return args[0][at-1:], nil
+}
+
 func (s *Store) newLease(keys []string, token string, fp Fingerprint) *Lease {
 	return &Lease{store: s, keys: keys, token: token, fp: fp}
 }
@@ -410,7 +429,27 @@ func (s *Store) newLease(keys []string, token string, fp Fingerprint) *Lease {
 func (l *Lease) Complete(ctx context.Context, rec *Record, ttl time.Duration) error {
 	// A copy: rec.Trace itself, handed on to the script's arguments, would
 	// make the compiler move the whole record (its headers) to the heap.
-	return l.record(ctx, rec.Encode(), ttl, "c", strings.Clone(rec.Trace))
+	tr := ""
+	if isTraceContext(rec.Trace) {
+		tr = strings.Clone(rec.Trace)
+	}
+	return l.record(ctx, rec.Encode(), ttl, "c", tr)
+}
+
+// isTraceContext reports whether s is "<trace-id>-<span-id>" as Record.Trace
+// says: 32 and 16 lower-case hex digits. Nothing else is stored, so a
+// caller's free-form value can neither grow every record nor overflow a
+// string record's one-byte field length.
+func isTraceContext(s string) bool {
+	if len(s) != 32+1+16 || s[32] != '-' {
+		return false
+	}
+	for i := range len(s) {
+		if c := s[i]; i != 32 && (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // Hold records that the claim's outcome is unknown (Terms.Hold): its request
@@ -555,12 +594,12 @@ func (l *Lease) finish(ctx context.Context, op Op, v any, err error, start time.
 
 // decodeReply checks the shape of a script reply: an array of one to four
 // strings, the first a status.
-func decodeReply(v any, err error) (status string, args [3]string, _ error) {
+func decodeReply(v any, err error) (status string, args [4]string, _ error) {
 	if err != nil {
 		return "", args, err
 	}
 	arr, ok := v.([]any)
-	if !ok || len(arr) < 1 || len(arr) > 4 {
+	if !ok || len(arr) < 1 || len(arr) > 5 {
 		return "", args, fmt.Errorf("bad script reply %T %v", v, v)
 	}
 	if status, ok = arr[0].(string); !ok {

@@ -1,7 +1,9 @@
 package claim_test
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -290,5 +292,48 @@ func TestRecordFormsCommands(t *testing.T) {
 				t.Errorf("commands of one first request: %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestRecordFormsLargeAnswer: an answer above the size a string record
+// concatenates inside Lua (64 KiB; larger ones are appended) is kept and
+// replayed byte for byte in both forms, read by both, by an operator too.
+func TestRecordFormsLargeAnswer(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	for _, size := range []int{65536 - 300, 65536 + 1, 300 << 10} {
+		body := make([]byte, size)
+		for i := range body {
+			body[i] = byte(i*7 + i>>8)
+		}
+		want := &claim.Record{Status: 200, Header: map[string][]string{"Content-Type": {"application/octet-stream"}}, Body: body,
+			Trace: "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"}
+		for _, a := range forms {
+			t.Run(fmt.Sprintf("%d/%s", size, a.name), func(t *testing.T) {
+				prefix := fmt.Sprintf("large:%d:%s:", size, a.name)
+				sa := claim.NewStore(rdb, prefix, nil, claim.StringRecords(a.str))
+				k := claim.NewKey(nil, "large")
+				lease, _, err := sa.Acquire(ctx, k, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
+				if err != nil || lease == nil {
+					t.Fatalf("claim: %v, %v", lease, err)
+				}
+				if err := lease.Complete(ctx, want, time.Hour); err != nil {
+					t.Fatal(err)
+				}
+				if ttl := rdb.PTTL(ctx, claim.RecordKey(prefix, k)).Val(); ttl < 59*time.Minute {
+					t.Errorf("TTL %v, want the hour", ttl)
+				}
+				for _, b := range forms {
+					sb := claim.NewStore(rdb, prefix, nil, claim.StringRecords(b.str))
+					if _, got, err := sb.Acquire(ctx, k, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err != nil || !reflect.DeepEqual(got, want) {
+						t.Errorf("%s store replays: %v, equal %v", b.name, err, reflect.DeepEqual(got, want))
+					}
+				}
+				e, err := claim.NewInspector(rdb, prefix).Get(ctx, k)
+				if err != nil || e.Record == nil || !bytes.Equal(e.Record.Body, body) || e.StringForm != a.str {
+					t.Errorf("inspect: %v, body equal %v, string form %v", err, e != nil && e.Record != nil && bytes.Equal(e.Record.Body, body), e != nil && e.StringForm)
+				}
+			})
+		}
 	}
 }

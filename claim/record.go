@@ -20,10 +20,12 @@ type Record struct {
 	// to be kept: a replay answers with the status and an explanation.
 	BodyNotStored bool
 	// Trace is the trace context of the execution that recorded the answer,
-	// "<trace-id>-<span-id>" in hex, or "" (tracing off, or not sampled).
-	// It is not part of the encoding: Complete stores it beside the record
-	// (field tr), and Acquire returns it with a replay, so records read the
-	// same by every version.
+	// "<trace-id>-<span-id>" in lower-case hex (32 and 16 digits), or ""
+	// (tracing off, or not sampled). It is not part of the encoding: Complete
+	// stores it beside the record (field tr), and Acquire returns it with a
+	// replay, so records read the same by every version. Complete stores
+	// nothing else: any other value is dropped, and the answer recorded
+	// without it.
 	Trace string
 }
 

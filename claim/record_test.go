@@ -99,3 +99,21 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 	})
 }
+
+// TestTraceContextStored: Complete stores a Record.Trace only when it is a
+// trace context (32 and 16 lower-case hex digits, joined by '-').
+func TestTraceContextStored(t *testing.T) {
+	for s, want := range map[string]bool{
+		"4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7": true,
+		"": false,
+		"4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7":  false,
+		"4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7":  false,
+		"4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b":   false,
+		"4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7x": false,
+		"4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7":  false,
+	} {
+		if got := isTraceContext(s); got != want {
+			t.Errorf("isTraceContext(%q) = %v, want %v", s, got, want)
+		}
+	}
+}

@@ -46,7 +46,10 @@
 -- record codec (the same in claim, complete, release and inspect.lua; a test
 -- compares them). A string record is 'R1', then st, tok, fp, up, at, ld, ct and
 -- tr, each as one length byte and its bytes, then rec to the end. Empty fields
--- read as absent (false), as HMGET reads a missing hash field.
+-- read as absent (false), as HMGET reads a missing hash field. rec can be
+-- megabytes, and every copy of it in Lua is one more of its size in Lua's heap:
+-- dec leaves it where it is and says where it starts; setString appends a
+-- large one with APPEND instead of concatenating it.
 local F = {'st', 'tok', 'fp', 'up', 'at', 'ld', 'ct', 'tr'}
 local function dec(v)
   if string.sub(v, 1, 2) ~= 'R1' then
@@ -62,18 +65,27 @@ local function dec(v)
     r[F[i]] = s ~= '' and s
     p = p + 1 + n
   end
-  local rec = string.sub(v, p)
-  r.rec = rec ~= '' and rec
-  return r
+  return r, p
 end
 local function enc(r)
   local t = {'R1'}
   for i = 1, 8 do
     local s = r[F[i]] or ''
+    if #s > 255 then
+      error({err = 'idemproxy: record field ' .. F[i] .. ' is ' .. #s .. ' bytes, more than a string record holds (255)'})
+    end
     t[i + 1] = string.char(#s) .. s
   end
-  t[10] = r.rec or ''
   return table.concat(t)
+end
+local function setString(key, r, ttl)
+  local rec = r.rec or ''
+  if #rec <= 65536 then
+    redis.call('SET', key, enc(r) .. rec, 'PX', ttl)
+  else
+    redis.call('SET', key, enc(r), 'PX', ttl)
+    redis.call('APPEND', key, rec)
+  end
 end
 local function notrecord()
   return redis.error_reply('idemproxy: ' .. KEYS[1] .. ' holds a string that is not a record')
@@ -95,8 +107,19 @@ local function claimRecord(at)
 end
 
 -- The record's form: 'h' a hash, 's' a string, false none. A hash without st
--- (not a record) is overwritten as if absent, as it always was.
-local kind, cur, mark = false, false, false
+-- (not a record) is overwritten as if absent, as it always was. A string
+-- record's rec stays in raw, from recAt on (see dec); cur.rec holds it only
+-- when it is not an answer (an unknown record's status, or empty).
+local kind, cur, mark, raw, recAt = false, false, false, nil, nil
+local function readString(v)
+  raw = v
+  kind, cur, recAt = 's', dec(v)
+  if cur and cur.st ~= 'c' then
+    cur.rec = string.sub(v, recAt)
+    cur.rec = cur.rec ~= '' and cur.rec
+  end
+  return cur
+end
 local function readHash()
   local h = redis.pcall('HMGET', KEYS[1], 'st', 'fp', 'rec', 'tok', 'up', 'ld', 'at', 'tr', 'ct')
   if h.err then
@@ -111,31 +134,38 @@ local function readHash()
 end
 if S then
   -- The common case first: no record. One MGET reads it and the mark; a nil
-  -- there is no string, but may be a hash: SET NX tells.
+  -- there is no string, but may be a hash: SET NX tells. A Redis that
+  -- refuses writes (NOREPLICAS, READONLY, OOM, MISCONF) refuses SET NX
+  -- before looking at the key, so its error stands only if there is no hash
+  -- either: a hash record is answered from a read, as a hash replica would.
   local m = redis.call('MGET', KEYS[1], KEYS[2])
   mark = m[2]
   if m[1] then
-    kind, cur = 's', dec(m[1])
-    if not cur then
+    if not readString(m[1]) then
       return notrecord()
     end
-  elseif redis.call('SET', KEYS[1], enc(claimRecord(string.format('%d', clock()))), 'NX', 'PX', ARGV[4]) then
-    if not mark then
-      return {'claimed'}
-    end
-    kind = 's' -- ours now; the mark below decides what it becomes
   else
-    local e = readHash()
-    if e then
-      return e
+    local set = redis.pcall('SET', KEYS[1], enc(claimRecord(string.format('%d', clock()))), 'NX', 'PX', ARGV[4])
+    if set and not set.err then
+      if not mark then
+        return {'claimed'}
+      end
+      kind = 's' -- ours now; the mark below decides what it becomes
+    else
+      local e = readHash()
+      if e then
+        return e
+      end
+      if set and not cur then
+        return set -- refused, and no record to answer from
+      end
     end
   end
 else
   local e = readHash()
   if e then
     local v = redis.call('GET', KEYS[1])
-    kind, cur = 's', v and dec(v)
-    if not cur then
+    if not v or not readString(v) then
       return notrecord()
     end
   end
@@ -144,7 +174,7 @@ end
 -- put writes record r whole, in the form this replica writes, for ttl ms.
 local function put(r, ttl)
   if S then
-    redis.call('SET', KEYS[1], enc(r), 'PX', ttl)
+    setString(KEYS[1], r, ttl)
     return
   end
   if kind == 's' then
@@ -176,6 +206,10 @@ if cur then
     end
     if cur.st == 'c' then
       local pttl = tostring(redis.call('PTTL', KEYS[1]))
+      if raw then
+        -- The whole string, and where the answer starts: not a copy of it.
+        return {'replay', raw, pttl, cur.tr or '', tostring(recAt)}
+      end
       if cur.tr then
         return {'replay', cur.rec or '', pttl, cur.tr}
       end

@@ -32,7 +32,10 @@
 -- record codec (the same in claim, complete, release and inspect.lua; a test
 -- compares them). A string record is 'R1', then st, tok, fp, up, at, ld, ct and
 -- tr, each as one length byte and its bytes, then rec to the end. Empty fields
--- read as absent (false), as HMGET reads a missing hash field.
+-- read as absent (false), as HMGET reads a missing hash field. rec can be
+-- megabytes, and every copy of it in Lua is one more of its size in Lua's heap:
+-- dec leaves it where it is and says where it starts; setString appends a
+-- large one with APPEND instead of concatenating it.
 local F = {'st', 'tok', 'fp', 'up', 'at', 'ld', 'ct', 'tr'}
 local function dec(v)
   if string.sub(v, 1, 2) ~= 'R1' then
@@ -48,18 +51,27 @@ local function dec(v)
     r[F[i]] = s ~= '' and s
     p = p + 1 + n
   end
-  local rec = string.sub(v, p)
-  r.rec = rec ~= '' and rec
-  return r
+  return r, p
 end
 local function enc(r)
   local t = {'R1'}
   for i = 1, 8 do
     local s = r[F[i]] or ''
+    if #s > 255 then
+      error({err = 'idemproxy: record field ' .. F[i] .. ' is ' .. #s .. ' bytes, more than a string record holds (255)'})
+    end
     t[i + 1] = string.char(#s) .. s
   end
-  t[10] = r.rec or ''
   return table.concat(t)
+end
+local function setString(key, r, ttl)
+  local rec = r.rec or ''
+  if #rec <= 65536 then
+    redis.call('SET', key, enc(r) .. rec, 'PX', ttl)
+  else
+    redis.call('SET', key, enc(r), 'PX', ttl)
+    redis.call('APPEND', key, rec)
+  end
 end
 local function notrecord()
   return redis.error_reply('idemproxy: ' .. KEYS[1] .. ' holds a string that is not a record')
@@ -68,7 +80,8 @@ end
 
 local S = ARGV[8] == 's'
 -- The record: as a hash, only the fields this script needs, unless it is to
--- be rewritten as a string; as a string, whole.
+-- be rewritten as a string (all but rec: a record this script rewrites gets
+-- its rec from ARGV[2]); as a string, all its fields (dec: not rec).
 local kind, cur = false, false
 local function readHash(fields)
   local h = redis.pcall('HMGET', KEYS[1], unpack(fields))
@@ -95,7 +108,7 @@ local e
 if S then
   e = redis.pcall('GET', KEYS[1])
   if type(e) == 'table' and e.err then
-    e = readHash({'st', 'tok', 'fp', 'up', 'at', 'ld', 'ct', 'rec', 'tr'})
+    e = readHash({'st', 'tok', 'fp', 'up', 'at', 'ld', 'ct', 'tr'})
   elseif e then
     kind, cur, e = 's', dec(e), nil
     if not cur then
@@ -118,7 +131,7 @@ local tr = ARGV[7] ~= '' and ARGV[7]
 -- put writes record r whole, in the form this replica writes, for ttl ms.
 local function put(r, ttl)
   if S then
-    redis.call('SET', KEYS[1], enc(r), 'PX', ttl)
+    setString(KEYS[1], r, ttl)
     return
   end
   if kind == 's' then

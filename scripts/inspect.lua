@@ -17,7 +17,10 @@
 -- record codec (the same in claim, complete, release and inspect.lua; a test
 -- compares them). A string record is 'R1', then st, tok, fp, up, at, ld, ct and
 -- tr, each as one length byte and its bytes, then rec to the end. Empty fields
--- read as absent (false), as HMGET reads a missing hash field.
+-- read as absent (false), as HMGET reads a missing hash field. rec can be
+-- megabytes, and every copy of it in Lua is one more of its size in Lua's heap:
+-- dec leaves it where it is and says where it starts; setString appends a
+-- large one with APPEND instead of concatenating it.
 local F = {'st', 'tok', 'fp', 'up', 'at', 'ld', 'ct', 'tr'}
 local function dec(v)
   if string.sub(v, 1, 2) ~= 'R1' then
@@ -33,18 +36,27 @@ local function dec(v)
     r[F[i]] = s ~= '' and s
     p = p + 1 + n
   end
-  local rec = string.sub(v, p)
-  r.rec = rec ~= '' and rec
-  return r
+  return r, p
 end
 local function enc(r)
   local t = {'R1'}
   for i = 1, 8 do
     local s = r[F[i]] or ''
+    if #s > 255 then
+      error({err = 'idemproxy: record field ' .. F[i] .. ' is ' .. #s .. ' bytes, more than a string record holds (255)'})
+    end
     t[i + 1] = string.char(#s) .. s
   end
-  t[10] = r.rec or ''
   return table.concat(t)
+end
+local function setString(key, r, ttl)
+  local rec = r.rec or ''
+  if #rec <= 65536 then
+    redis.call('SET', key, enc(r) .. rec, 'PX', ttl)
+  else
+    redis.call('SET', key, enc(r), 'PX', ttl)
+    redis.call('APPEND', key, rec)
+  end
 end
 local function notrecord()
   return redis.error_reply('idemproxy: ' .. KEYS[1] .. ' holds a string that is not a record')
@@ -52,15 +64,25 @@ end
 -- end of record codec
 
 local t = redis.call('TYPE', KEYS[1])['ok']
-local f
+local f, n
 if t == 'hash' then
   f = redis.call('HMGET', KEYS[1], 'st', 'fp', 'at', 'ld', 'ct', 'up', 'rec', 'tr')
+  n = f[7] and string.len(f[7]) or 0
+  if f[7] and ARGV[1] ~= 'body' then
+    f[7] = string.sub(f[7], 1, 16)
+  end
 elseif t == 'string' then
-  local r = dec(redis.call('GET', KEYS[1]))
+  local v = redis.call('GET', KEYS[1])
+  local r, p = dec(v)
   if not r then
     return {t}
   end
-  f = {r.st, r.fp, r.at, r.ld, r.ct, r.up, r.rec, r.tr}
+  local last = -1 -- to the end
+  if ARGV[1] ~= 'body' then
+    last = p + 15
+  end
+  n = #v - p + 1
+  f = {r.st, r.fp, r.at, r.ld, r.ct, r.up, string.sub(v, p, last), r.tr}
 else
   return {t}
 end
@@ -68,9 +90,5 @@ for i = 1, 8 do
   if not f[i] then
     f[i] = ''
   end
-end
-local n = string.len(f[7])
-if ARGV[1] ~= 'body' then
-  f[7] = string.sub(f[7], 1, 16)
 end
 return {t, f[1], f[2], f[3], f[4], f[5], f[6], f[7], tostring(n), tostring(redis.call('PTTL', KEYS[1])), f[8]}

@@ -12,7 +12,10 @@
 -- record codec (the same in claim, complete, release and inspect.lua; a test
 -- compares them). A string record is 'R1', then st, tok, fp, up, at, ld, ct and
 -- tr, each as one length byte and its bytes, then rec to the end. Empty fields
--- read as absent (false), as HMGET reads a missing hash field.
+-- read as absent (false), as HMGET reads a missing hash field. rec can be
+-- megabytes, and every copy of it in Lua is one more of its size in Lua's heap:
+-- dec leaves it where it is and says where it starts; setString appends a
+-- large one with APPEND instead of concatenating it.
 local F = {'st', 'tok', 'fp', 'up', 'at', 'ld', 'ct', 'tr'}
 local function dec(v)
   if string.sub(v, 1, 2) ~= 'R1' then
@@ -28,18 +31,27 @@ local function dec(v)
     r[F[i]] = s ~= '' and s
     p = p + 1 + n
   end
-  local rec = string.sub(v, p)
-  r.rec = rec ~= '' and rec
-  return r
+  return r, p
 end
 local function enc(r)
   local t = {'R1'}
   for i = 1, 8 do
     local s = r[F[i]] or ''
+    if #s > 255 then
+      error({err = 'idemproxy: record field ' .. F[i] .. ' is ' .. #s .. ' bytes, more than a string record holds (255)'})
+    end
     t[i + 1] = string.char(#s) .. s
   end
-  t[10] = r.rec or ''
   return table.concat(t)
+end
+local function setString(key, r, ttl)
+  local rec = r.rec or ''
+  if #rec <= 65536 then
+    redis.call('SET', key, enc(r) .. rec, 'PX', ttl)
+  else
+    redis.call('SET', key, enc(r), 'PX', ttl)
+    redis.call('APPEND', key, rec)
+  end
 end
 local function notrecord()
   return redis.error_reply('idemproxy: ' .. KEYS[1] .. ' holds a string that is not a record')
