@@ -8,8 +8,8 @@ import (
 
 // recordFields reads the record at key whole, in either form: a hash's
 // fields, or a string record decoded here, independently of the scripts'
-// codec ('R1', then st, tok, fp, up, at, ld, ct and tr, each one length byte
-// and its bytes, then rec). Empty fields are left out, as the scripts read
+// codec ('R1', the lengths of st, tok, fp, up, at, ld, ct and tr in one byte
+// each, those fields, then rec). Empty fields are left out, as the scripts read
 // them. nil: no such key.
 func recordFields(t *testing.T, rdb redis.Cmdable, key string) map[string]string {
 	t.Helper()
@@ -48,22 +48,19 @@ func recordFields(t *testing.T, rdb redis.Cmdable, key string) map[string]string
 }
 
 func decodeStringRecord(v string) (map[string]string, bool) {
-	if len(v) < 2 || v[:2] != "R1" {
+	if len(v) < 10 || v[:2] != "R1" {
 		return nil, false
 	}
-	out, p := map[string]string{}, 2
-	for _, f := range []string{"st", "tok", "fp", "up", "at", "ld", "ct", "tr"} {
-		if p >= len(v) {
-			return nil, false
-		}
-		n := int(v[p])
-		if p+1+n > len(v) {
+	out, p := map[string]string{}, 10
+	for i, f := range []string{"st", "tok", "fp", "up", "at", "ld", "ct", "tr"} {
+		n := int(v[2+i])
+		if p+n > len(v) {
 			return nil, false
 		}
 		if n > 0 {
-			out[f] = v[p+1 : p+1+n]
+			out[f] = v[p : p+n]
 		}
-		p += 1 + n
+		p += n
 	}
 	if p < len(v) {
 		out["rec"] = v[p:]
