@@ -1,0 +1,94 @@
+package claim_test
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/scripts"
+)
+
+// review14hCommandStats is INFO commandstats as name -> calls, the client's
+// and the test's own commands left out (as TestRecordFormsCommands does).
+func review14hCommandStats(t *testing.T, info string) map[string]int64 {
+	t.Helper()
+	got := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
+		}
+		name = strings.TrimPrefix(name, "cmdstat_")
+		calls, _, _ := strings.Cut(rest, ",")
+		var n int64
+		for _, c := range calls {
+			n = n*10 + int64(c-'0')
+		}
+		switch name, _, _ = strings.Cut(name, "|"); name {
+		case "evalsha", "eval", "config", "info", "script", "ping", "hello", "client":
+			continue
+		}
+		got[name] = n
+	}
+	return got
+}
+
+// TestReview14hReadmeCommandsLargeAnswer (nit): README "Record format":
+// with RECORD_FORMAT=string "A first request runs 6: MGET of the record and
+// the mark, TIME, SET … NX PX to claim; GET, TIME, SET … PX to complete".
+// An answer over 64 KiB (MAX_STORED_RESPONSE_BYTES allows 64 MiB) is
+// completed with SET and then APPEND: 7 commands, and an APPEND the
+// section does not name.
+func TestReview14hReadmeCommandsLargeAnswer(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	s := claim.NewStore(rdb, "cmds14h:", nil, claim.StringRecords(true))
+	k := claim.NewKey(nil, "large first request")
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	lease, _, err := s.Acquire(ctx, k, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
+	if err != nil || lease == nil {
+		t.Fatalf("claim: %v, %v", lease, err)
+	}
+	if err := lease.Complete(ctx, &claim.Record{Status: 200, Body: make([]byte, 100<<10)}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	info, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := map[string]int64{"mget": 1, "time": 2, "set": 2, "get": 1} // the README's 6
+	if got := review14hCommandStats(t, info); !reflect.DeepEqual(got, readme) {
+		t.Errorf("a first request with a 100 KiB answer runs %v; README \"Record format\" says %v (6 commands)", got, readme)
+	}
+}
+
+// TestReview14hClaimScriptDocumentsReplayOffset (nit): claim.lua's header
+// lists its replies; a replay of a string record is {"replay", <the whole
+// record string>, <pttl>, <tr or ''>, <1-based offset of the answer>} since
+// c44b53c, and claim.go's decodeReply comment still says "one to four
+// strings". The header documents only the three- and four-element replays,
+// whose second element is the answer itself: a reader of the script (or
+// another client of it) would take the record header for the answer.
+func TestReview14hClaimScriptDocumentsReplayOffset(t *testing.T) {
+	head, _, _ := strings.Cut(scripts.Claim, "-- record codec")
+	var replays []string
+	for _, line := range strings.Split(head, "\n") {
+		if strings.Contains(line, `{"replay"`) {
+			replays = append(replays, strings.TrimSpace(strings.TrimPrefix(line, "--")))
+		}
+	}
+	five := false
+	for _, r := range replays {
+		if strings.Count(r, ",") >= 4 {
+			five = true
+		}
+	}
+	if !five {
+		t.Errorf("claim.lua's reply list documents the replays %q; none is the five-element string-record replay (whole string and offset) the script returns", replays)
+	}
+}
