@@ -69,7 +69,7 @@ func TestReview14hReadmeCommandsLargeAnswer(t *testing.T) {
 
 // TestReview14hClaimScriptDocumentsReplayOffset (nit): claim.lua's header
 // lists its replies; a replay of a string record is {"replay", <the whole
-// record string>, <pttl>, <tr or ”>, <1-based offset of the answer>} since
+// record string>, <pttl>, <tr, or empty>, <1-based offset of the answer>} since
 // c44b53c, and claim.go's decodeReply comment still says "one to four
 // strings". The header documents only the three- and four-element replays,
 // whose second element is the answer itself: a reader of the script (or
