@@ -592,7 +592,7 @@ func (l *Lease) finish(ctx context.Context, op Op, v any, err error, start time.
 	return fmt.Errorf("%s %s: unexpected status %q", op, l.keys[0], status)
 }
 
-// decodeReply checks the shape of a script reply: an array of one to four
+// decodeReply checks the shape of a script reply: an array of one to five
 // strings, the first a status.
 func decodeReply(v any, err error) (status string, args [4]string, _ error) {
 	if err != nil {

@@ -8,7 +8,7 @@ import (
 
 // recordFields reads the record at key whole, in either form: a hash's
 // fields, or a string record decoded here, independently of the scripts'
-// codec ('R1', the lengths of st, tok, fp, up, at, ld, ct and tr in one byte
+// codec ('R2', the lengths of st, tok, fp, up, at, ld, ct and tr in one byte
 // each, those fields, then rec). Empty fields are left out, as the scripts read
 // them. nil: no such key.
 func recordFields(t *testing.T, rdb redis.Cmdable, key string) map[string]string {
@@ -48,7 +48,7 @@ func recordFields(t *testing.T, rdb redis.Cmdable, key string) map[string]string
 }
 
 func decodeStringRecord(v string) (map[string]string, bool) {
-	if len(v) < 10 || v[:2] != "R1" {
+	if len(v) < 10 || v[:2] != "R2" {
 		return nil, false
 	}
 	out, p := map[string]string{}, 10

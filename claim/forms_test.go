@@ -222,7 +222,7 @@ func TestRecordFormsForeignString(t *testing.T) {
 			t.Run(be.name+"/"+f.name, func(t *testing.T) {
 				prefix := "foreign:" + be.name + ":" + f.name + ":"
 				s := claim.NewStore(be.rdb, prefix, nil, claim.StringRecords(f.str))
-				for _, v := range []string{"not a record", "R1", "R1\x01i\x10short", ""} {
+				for _, v := range []string{"not a record", "R2", "R2\x01i\x10short", "R1\x01\x10\x20\x10\x0d\x0d\x00\x00", ""} {
 					k := claim.NewKey(nil, "foreign "+v)
 					rk := claim.RecordKey(prefix, k)
 					if err := be.rdb.Set(ctx, rk, v, 0).Err(); err != nil {

@@ -19,7 +19,7 @@ import (
 func review14hGeneralComplete(t *testing.T) string {
 	t.Helper()
 	src := scripts.Complete
-	i := strings.Index(src, "  if type(e) == 'string' and string.sub(e, 1, 3) == 'R1\\1'")
+	i := strings.Index(src, "  if type(e) == 'string' and string.sub(e, 1, 3) == 'R2\\1'")
 	end := "      return {'ok'}\n    end\n  end\n"
 	j := strings.Index(src[i:], end)
 	if i < 0 || j < 0 {
@@ -32,7 +32,7 @@ func review14hGeneralComplete(t *testing.T) string {
 // describe, with optional damage to its length bytes.
 func review14hEnc(f [8]string, rec string) string {
 	var b strings.Builder
-	b.WriteString("R1")
+	b.WriteString("R2")
 	for _, s := range f {
 		b.WriteByte(byte(len(s)))
 	}
@@ -91,7 +91,7 @@ func TestReview14hCompleteFastPathMatchesGeneral(t *testing.T) {
 	fast := redis.NewScript(scripts.Complete)
 	general := redis.NewScript(review14hGeneralComplete(t))
 	now := time.Now().UnixMilli()
-	tok := "TOK\x00R1\x01i\xff-0123456" // newToken's bytes are random: NUL, the magic, 'i'
+	tok := "TOK\x00R2\x01i\xff-0123456" // newToken's bytes are random: NUL, the magic, 'i'
 	fpv := "\x00" + strings.Repeat("F", 30) + "\x00"
 	trace := "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
 	rng := rand.New(rand.NewSource(14))

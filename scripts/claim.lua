@@ -37,6 +37,10 @@
 --                               key is completed for this fingerprint
 --   {"replay", "<record>", "<pttl ms>", "<tr>"}
 --                               ... and its execution was traced (field tr)
+--   {"replay", "<string>", "<pttl ms>", "<tr or ''>", "<offset>"}
+--                               ... kept as a string record: the whole string, and the
+--                               1-based position where the encoded response starts in
+--                               it (handed over whole, not copied out inside Redis)
 --   {"unknown", "<status>"}     the key's outcome is unknown (held for an operator);
 --   {"unknown", "504", "held"}  ... and this request found its lock expired and held it
 --
@@ -44,7 +48,7 @@
 -- are in flight until then; their abandoned claims are found by the mark.
 
 -- record codec (the same in claim, complete, release and inspect.lua; a test
--- compares them). A string record is 'R1', the lengths of st, tok, fp, up, at,
+-- compares them). A string record is 'R2', the lengths of st, tok, fp, up, at,
 -- ld, ct and tr in one byte each, those eight fields, then rec to the end.
 -- Empty fields read as absent (false), as HMGET reads a missing hash field.
 -- rec can be megabytes, and every copy of it in Lua is one more of its size in
@@ -58,7 +62,7 @@ local function nz(s)
 end
 local function dec(v)
   local a, b, c, d, e, f, g, h = string.byte(v, 3, 10)
-  if not h or string.sub(v, 1, 2) ~= 'R1' then
+  if not h or string.sub(v, 1, 2) ~= 'R2' then
     return nil
   end
   local p2 = 11 + a
@@ -83,7 +87,7 @@ local function enc(r)
   if math.max(#st, #tok, #fp, #up, #at, #ld, #ct, #tr) > 255 then
     error({err = 'idemproxy: a record field is longer than a string record holds (255 bytes)'})
   end
-  return 'R1' .. string.char(#st, #tok, #fp, #up, #at, #ld, #ct, #tr) .. st .. tok .. fp .. up .. at .. ld .. ct .. tr
+  return 'R2' .. string.char(#st, #tok, #fp, #up, #at, #ld, #ct, #tr) .. st .. tok .. fp .. up .. at .. ld .. ct .. tr
 end
 -- setString writes head (an encoded record without rec) and rec as key's
 -- string for ttl ms.
@@ -98,6 +102,7 @@ end
 local function notrecord()
   return redis.error_reply('idemproxy: ' .. KEYS[1] .. ' holds a string that is not a record')
 end
+-- ('R1' was another layout, of unreleased commits: it reads as not a record.)
 -- end of record codec
 
 local S = ARGV[7] == 's'
@@ -117,7 +122,7 @@ end
 -- writes it. The arguments' lengths are the client's: 16, 32, 16 or 0.
 local function claimString(at)
   local ld = string.format('%d', clock() + tonumber(ARGV[3]))
-  return 'R1' .. string.char(1, #ARGV[1], #ARGV[2], #ARGV[5], #at, #ld, 0, 0) .. 'i' .. ARGV[1] .. ARGV[2] ..
+  return 'R2' .. string.char(1, #ARGV[1], #ARGV[2], #ARGV[5], #at, #ld, 0, 0) .. 'i' .. ARGV[1] .. ARGV[2] ..
     ARGV[5] .. at .. ld
 end
 
