@@ -47,6 +47,43 @@
 -- Records of versions before 'ld' existed expire with their lock (PEXPIRE) and
 -- are in flight until then; their abandoned claims are found by the mark.
 
+local S = ARGV[7] == 's'
+
+-- The fast paths, first and without a function or a table: a key with no
+-- record and no mark, as every first request finds it. Lua's closures and
+-- tables are garbage Redis collects on its own time; the general path below
+-- (behind the record codec) makes them, for every other case.
+local m, h, refused -- what the fast paths read, handed on to the general path
+if S then
+  -- One MGET reads the record and the mark; a nil there is no string, but
+  -- may be a hash: SET NX tells. A Redis that refuses writes (NOREPLICAS,
+  -- READONLY, OOM, MISCONF) refuses SET NX before looking at the key, so its
+  -- error stands only if there is no hash either (the general path).
+  m = redis.call('MGET', KEYS[1], KEYS[2])
+  if not m[1] and not m[2] then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local at, ld = string.format('%d', now), string.format('%d', now + tonumber(ARGV[3]))
+    -- enc({st = 'i', tok, fp, up, at, ld}); the arguments' lengths are the
+    -- client's: 16, 32, 16 or 0.
+    refused = redis.pcall('SET', KEYS[1], 'R2' .. string.char(1, #ARGV[1], #ARGV[2], #ARGV[5], #at, #ld, 0, 0) ..
+      'i' .. ARGV[1] .. ARGV[2] .. ARGV[5] .. at .. ld, 'NX', 'PX', ARGV[4])
+    if refused and not refused.err then
+      return {'claimed'}
+    end
+  end
+else
+  h = redis.pcall('HMGET', KEYS[1], 'st', 'fp', 'rec', 'tok', 'up', 'ld', 'at', 'tr', 'ct')
+  if not h.err and not h[1] and not redis.call('GET', KEYS[2]) then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('HSET', KEYS[1], 'st', 'i', 'tok', ARGV[1], 'fp', ARGV[2], 'at', string.format('%d', now),
+      'ld', string.format('%d', now + tonumber(ARGV[3])), 'up', ARGV[5])
+    redis.call('PEXPIRE', KEYS[1], ARGV[4])
+    return {'claimed'}
+  end
+end
+
 -- record codec (the same in claim, complete, release and inspect.lua; a test
 -- compares them). A string record is 'R2', the lengths of st, tok, fp, up, at,
 -- ld, ct and tr in one byte each, those eight fields, then rec to the end.
@@ -105,7 +142,6 @@ end
 -- ('R1' was another layout, of unreleased commits: it reads as not a record.)
 -- end of record codec
 
-local S = ARGV[7] == 's'
 local now = nil -- Redis's clock, read only when a lock is judged or written
 local function clock()
   if not now then
@@ -118,14 +154,6 @@ local function claimRecord(at)
   return {st = 'i', tok = ARGV[1], fp = ARGV[2], at = at,
     ld = string.format('%d', clock() + tonumber(ARGV[3])), up = ARGV[5]}
 end
--- claimString is enc(claimRecord(at)), built directly: every first request
--- writes it. The arguments' lengths are the client's: 16, 32, 16 or 0.
-local function claimString(at)
-  local ld = string.format('%d', clock() + tonumber(ARGV[3]))
-  return 'R2' .. string.char(1, #ARGV[1], #ARGV[2], #ARGV[5], #at, #ld, 0, 0) .. 'i' .. ARGV[1] .. ARGV[2] ..
-    ARGV[5] .. at .. ld
-end
-
 -- The record's form: 'h' a hash, 's' a string, false none. A hash without st
 -- (not a record) is overwritten as if absent, as it always was. A string
 -- record's rec stays in raw, from recAt on (see dec); cur.rec holds it only
@@ -153,41 +181,38 @@ local function readHash()
   end
 end
 if S then
-  -- The common case first: no record. One MGET reads it and the mark; a nil
-  -- there is no string, but may be a hash: SET NX tells. A Redis that
-  -- refuses writes (NOREPLICAS, READONLY, OOM, MISCONF) refuses SET NX
-  -- before looking at the key, so its error stands only if there is no hash
-  -- either: a hash record is answered from a read, as a hash replica would.
-  local m = redis.call('MGET', KEYS[1], KEYS[2])
   mark = m[2]
   if m[1] then
     if not readString(m[1]) then
       return notrecord()
     end
   else
-    local set = redis.pcall('SET', KEYS[1], claimString(string.format('%d', clock())), 'NX', 'PX', ARGV[4])
-    if set and not set.err then
-      if not mark then
-        return {'claimed'}
-      end
-      kind = 's' -- ours now; the mark below decides what it becomes
+    if refused == nil then
+      -- A mark: claim first, as the fast path would have; the mark below
+      -- decides what the claim becomes.
+      refused = redis.pcall('SET', KEYS[1], enc(claimRecord(string.format('%d', clock()))), 'NX', 'PX', ARGV[4])
+    end
+    if refused and not refused.err then
+      kind = 's' -- ours now
     else
       local e = readHash()
       if e then
         return e
       end
-      if set and not cur then
-        return set -- refused, and no record to answer from
+      if refused and not cur then
+        return refused -- refused, and no record to answer from
       end
     end
   end
 else
-  local e = readHash()
-  if e then
+  if h.err then
     local v = redis.call('GET', KEYS[1])
     if not v or not readString(v) then
       return notrecord()
     end
+  elseif h[1] then
+    kind, cur = 'h', {st = nz(h[1]), fp = nz(h[2]), rec = nz(h[3]), tok = nz(h[4]), up = nz(h[5]), ld = nz(h[6]),
+      at = nz(h[7]), tr = nz(h[8]), ct = nz(h[9])}
   end
 end
 
@@ -275,7 +300,10 @@ end
 
 if kind == 's' and S and not cur then
   -- Claimed by the SET NX above; only the mark had to be looked at.
-  return {'takeover', string.format('%d', now - tonumber(prev))}
+  if prev then
+    return {'takeover', string.format('%d', now - tonumber(prev))}
+  end
+  return {'claimed'}
 end
 local snow = string.format('%d', clock())
 if S or kind == 's' then

@@ -29,6 +29,57 @@
 -- resent the script after losing the reply). A completed record is never
 -- turned into an unknown one.
 
+local S = ARGV[8] == 's'
+
+-- The fast paths, first and without a function or a table (see claim.lua):
+-- our own claim, in flight, as every first request completes it. What the
+-- general path below (behind the record codec) does with it, without
+-- building the record in tables: it keeps tok, fp, up, at and ld, and gets
+-- the state, ct, tr and rec.
+local e, hh -- what the fast paths read, handed on to the general path
+if S then
+  e = redis.pcall('GET', KEYS[1])
+  if type(e) == 'string' and string.sub(e, 1, 3) == 'R2\1' and string.sub(e, 11, 11) == 'i' then
+    local _, b, c, d, f, g, h, i = string.byte(e, 3, 10)
+    local ldEnd = 11 + b + c + d + f + g
+    local ld = i and g > 0 and tonumber(string.sub(e, ldEnd - g + 1, ldEnd))
+    if ld and h == 0 and i == 0 and #e == ldEnd and string.sub(e, 12, 11 + b) == ARGV[1] then
+      local t = redis.call('TIME')
+      local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      local ct = string.format('%d', now)
+      local head = 'R2' .. string.char(1, b, c, d, f, g, #ct, #ARGV[7]) .. ARGV[6] .. string.sub(e, 12, ldEnd) .. ct ..
+        ARGV[7]
+      if #ARGV[2] <= 65536 then -- as setString does
+        redis.call('SET', KEYS[1], head .. ARGV[2], 'PX', ARGV[3])
+      else
+        redis.call('SET', KEYS[1], head, 'PX', ARGV[3])
+        redis.call('APPEND', KEYS[1], ARGV[2])
+      end
+      if ld <= now then
+        return {'ok', 'late'}
+      end
+      return {'ok'}
+    end
+  end
+else
+  hh = redis.pcall('HMGET', KEYS[1], 'st', 'tok', 'ld')
+  local ld = not hh.err and hh[3] and tonumber(hh[3])
+  if not hh.err and hh[1] == 'i' and hh[2] == ARGV[1] and (ld or not hh[3]) then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    if ARGV[7] and ARGV[7] ~= '' then
+      redis.call('HSET', KEYS[1], 'st', ARGV[6], 'rec', ARGV[2], 'ct', string.format('%d', now), 'tr', ARGV[7])
+    else
+      redis.call('HSET', KEYS[1], 'st', ARGV[6], 'rec', ARGV[2], 'ct', string.format('%d', now))
+    end
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    if ld and ld <= now then
+      return {'ok', 'late'}
+    end
+    return {'ok'}
+  end
+end
+
 -- record codec (the same in claim, complete, release and inspect.lua; a test
 -- compares them). A string record is 'R2', the lengths of st, tok, fp, up, at,
 -- ld, ct and tr in one byte each, those eight fields, then rec to the end.
@@ -87,7 +138,6 @@ end
 -- ('R1' was another layout, of unreleased commits: it reads as not a record.)
 -- end of record codec
 
-local S = ARGV[8] == 's'
 -- The record: as a hash, only the fields this script needs, unless it is to
 -- be rewritten as a string (all but rec: a record this script rewrites gets
 -- its rec from ARGV[2]); as a string, all its fields (dec: not rec).
@@ -104,37 +154,7 @@ local function readHash(fields)
     end
   end
 end
-local function readString()
-  local v = redis.call('GET', KEYS[1])
-  if v then
-    kind, cur = 's', dec(v)
-    if not cur then
-      return notrecord()
-    end
-  end
-end
-local e
 if S then
-  e = redis.pcall('GET', KEYS[1])
-  if type(e) == 'string' and string.sub(e, 1, 3) == 'R2\1' and string.sub(e, 11, 11) == 'i' then
-    -- Every first request's case: our own claim, in flight, as a string.
-    -- What the general path below does with it, without dec and enc: the
-    -- record keeps tok, fp, up, at and ld, and gets the state, ct, tr and rec.
-    local _, b, c, d, f, g, h, i = string.byte(e, 3, 10)
-    local ldEnd = 11 + b + c + d + f + g
-    local ld = i and g > 0 and tonumber(string.sub(e, ldEnd - g + 1, ldEnd))
-    if ld and h == 0 and i == 0 and #e == ldEnd and string.sub(e, 12, 11 + b) == ARGV[1] then
-      local t = redis.call('TIME')
-      local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-      local ct = string.format('%d', now)
-      setString(KEYS[1], 'R2' .. string.char(1, b, c, d, f, g, #ct, #ARGV[7]) .. ARGV[6] ..
-        string.sub(e, 12, ldEnd) .. ct .. ARGV[7], ARGV[2], ARGV[3])
-      if ld <= now then
-        return {'ok', 'late'}
-      end
-      return {'ok'}
-    end
-  end
   if type(e) == 'table' and e.err then
     e = readHash({'st', 'tok', 'fp', 'up', 'at', 'ld', 'ct', 'tr'})
   elseif e then
@@ -143,11 +163,17 @@ if S then
       e = notrecord()
     end
   end
-else
-  e = readHash({'st', 'tok', 'ld'})
-  if e then
-    e = readString()
+elseif hh.err then
+  e = nil
+  local v = redis.call('GET', KEYS[1])
+  if v then
+    kind, cur = 's', dec(v)
+    if not cur then
+      e = notrecord()
+    end
   end
+elseif hh[1] then
+  kind, cur = 'h', {st = nz(hh[1]), tok = nz(hh[2]), ld = nz(hh[3])}
 end
 if e then
   return e
