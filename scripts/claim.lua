@@ -53,7 +53,9 @@ local S = ARGV[7] == 's'
 -- record and no mark, as every first request finds it. Lua's closures and
 -- tables are garbage Redis collects on its own time; the general path below
 -- (behind the record codec) makes them, for every other case.
-local m, h, refused -- what the fast paths read, handed on to the general path
+-- What the fast paths read, handed on to the general path. mark, the claim
+-- mark, is read whenever there is no record.
+local m, h, refused, mark
 if S then
   -- One MGET reads the record and the mark; a nil there is no string, but
   -- may be a hash: SET NX tells. A Redis that refuses writes (NOREPLICAS,
@@ -74,7 +76,10 @@ if S then
   end
 else
   h = redis.pcall('HMGET', KEYS[1], 'st', 'fp', 'rec', 'tok', 'up', 'ld', 'at', 'tr', 'ct')
-  if not h.err and not h[1] and not redis.call('GET', KEYS[2]) then
+  if not h.err and not h[1] then
+    mark = redis.call('GET', KEYS[2])
+  end
+  if mark == false then
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     redis.call('HSET', KEYS[1], 'st', 'i', 'tok', ARGV[1], 'fp', ARGV[2], 'at', string.format('%d', now),
@@ -158,26 +163,25 @@ end
 -- (not a record) is overwritten as if absent, as it always was. A string
 -- record's rec stays in raw, from recAt on (see dec); cur.rec holds it only
 -- when it is not an answer (an unknown record's status, or empty).
-local kind, cur, mark, raw, recAt = false, false, false, nil, nil
+local kind, cur, raw, recAt = false, false, nil, nil
 local function readString(v)
   raw = v
   kind, cur, recAt = 's', dec(v)
   if cur and cur.st ~= 'c' then
-    cur.rec = string.sub(v, recAt)
-    cur.rec = cur.rec ~= '' and cur.rec
+    cur.rec = nz(string.sub(v, recAt))
   end
   return cur
 end
+-- readHash takes h, the HMGET of the fast paths' fields (read now when nil),
+-- as the record, its empty fields absent as dec reads them.
 local function readHash()
-  local h = redis.pcall('HMGET', KEYS[1], 'st', 'fp', 'rec', 'tok', 'up', 'ld', 'at', 'tr', 'ct')
+  h = h or redis.pcall('HMGET', KEYS[1], 'st', 'fp', 'rec', 'tok', 'up', 'ld', 'at', 'tr', 'ct')
   if h.err then
     return h
   end
   if h[1] then
-    kind, cur = 'h', {}
-    for i, f in ipairs({'st', 'fp', 'rec', 'tok', 'up', 'ld', 'at', 'tr', 'ct'}) do
-      cur[f] = h[i] ~= '' and h[i] -- as dec reads an empty field
-    end
+    kind, cur = 'h', {st = nz(h[1]), fp = nz(h[2]), rec = nz(h[3]), tok = nz(h[4]), up = nz(h[5]), ld = nz(h[6]),
+      at = nz(h[7]), tr = nz(h[8]), ct = nz(h[9])}
   end
 end
 if S then
@@ -204,15 +208,10 @@ if S then
       end
     end
   end
-else
-  if h.err then
-    local v = redis.call('GET', KEYS[1])
-    if not v or not readString(v) then
-      return notrecord()
-    end
-  elseif h[1] then
-    kind, cur = 'h', {st = nz(h[1]), fp = nz(h[2]), rec = nz(h[3]), tok = nz(h[4]), up = nz(h[5]), ld = nz(h[6]),
-      at = nz(h[7]), tr = nz(h[8]), ct = nz(h[9])}
+elseif readHash() then
+  local v = redis.call('GET', KEYS[1])
+  if not v or not readString(v) then
+    return notrecord()
   end
 end
 
@@ -283,9 +282,6 @@ if cur then
 end
 
 if not cur then
-  if not S then
-    mark = redis.call('GET', KEYS[2])
-  end
   if mark then
     -- An abandoned claim of an earlier version: its lock expired with its record.
     redis.call('DEL', KEYS[2])

@@ -142,21 +142,18 @@ end
 -- be rewritten as a string (all but rec: a record this script rewrites gets
 -- its rec from ARGV[2]); as a string, all its fields (dec: not rec).
 local kind, cur = false, false
-local function readHash(fields)
-  local h = redis.pcall('HMGET', KEYS[1], unpack(fields))
-  if h.err then
-    return h
-  end
-  if h[1] then
-    kind, cur = 'h', {}
-    for i, f in ipairs(fields) do
-      cur[f] = h[i] ~= '' and h[i]
-    end
-  end
-end
 if S then
   if type(e) == 'table' and e.err then
-    e = readHash({'st', 'tok', 'fp', 'up', 'at', 'ld', 'ct', 'tr'})
+    local h = redis.pcall('HMGET', KEYS[1], 'st', 'tok', 'fp', 'up', 'at', 'ld', 'ct', 'tr')
+    if h.err then
+      e = h
+    else
+      e = nil
+      if h[1] then
+        kind, cur = 'h', {st = nz(h[1]), tok = nz(h[2]), fp = nz(h[3]), up = nz(h[4]), at = nz(h[5]), ld = nz(h[6]),
+          ct = nz(h[7]), tr = nz(h[8])}
+      end
+    end
   elseif e then
     kind, cur, e = 's', dec(e), nil
     if not cur then
