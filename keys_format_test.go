@@ -19,8 +19,13 @@ func TestKeysStringRecords(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newUpstream(t)
 	env := []string{"REDIS_URL=" + srv.URL()}
-	strProxy, _ := startEnv(t, append(env, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=", "RECORD_FORMAT=string")...)
-	hashProxy, _ := startEnv(t, append(env, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=")...)
+	strProxy, strLog := startEnv(t, append(env, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=", "RECORD_FORMAT=string")...)
+	hashProxy, hashLog := startEnv(t, append(env, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=")...)
+	for want, log := range map[string]string{"string": strLog.String(), "hash": hashLog.String()} {
+		if !strings.Contains(log, `"record_format":"`+want+`"`) || !strings.Contains(log, "idemproxy started") {
+			t.Errorf("start log of the RECORD_FORMAT=%s proxy does not name it:\n%s", want, log)
+		}
+	}
 	c := newClient(t)
 	for _, p := range []struct {
 		key string

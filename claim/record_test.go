@@ -2,6 +2,7 @@ package claim
 
 import (
 	"bytes"
+	"errors"
 	"reflect"
 	"testing"
 )
@@ -114,6 +115,29 @@ func TestTraceContextStored(t *testing.T) {
 	} {
 		if got := isTraceContext(s); got != want {
 			t.Errorf("isTraceContext(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
+
+// TestReplayedOffset: a string record's replay is its whole string and the
+// 1-based position of the answer in it; a position outside the string is a
+// bad record, never a slice panic.
+func TestReplayedOffset(t *testing.T) {
+	for _, tc := range []struct {
+		rec, at, want string
+		bad           bool
+	}{
+		{"answer", "", "answer", false},        // a hash record: whole
+		{"R2headANSWER", "7", "ANSWER", false}, // a string record: from the offset
+		{"R2head", "7", "", false},             // the end: empty (DecodeRecord refuses it)
+		{"R2head", "8", "", true},              // past the end
+		{"R2head", "0", "", true},              // 1-based
+		{"R2head", "-1", "", true},
+		{"R2head", "x", "", true},
+	} {
+		got, err := replayed([4]string{tc.rec, "1000", "", tc.at})
+		if got != tc.want || (err != nil) != tc.bad || (err != nil && !errors.Is(err, ErrBadRecord)) {
+			t.Errorf("replayed(%q, offset %q) = %q, %v; want %q, bad %v", tc.rec, tc.at, got, err, tc.want, tc.bad)
 		}
 	}
 }

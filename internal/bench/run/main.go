@@ -825,10 +825,7 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 			"ADMIN_ADDR="+admin,
 			"REDIS_URL=redis://"+b.redisAddr,
 			"LOG_LEVEL=warn")
-		env = append(env, idemEnvFor(b.cfg.idemEnv, wl)...)
-		if b.ceilingMode(kind) == ceilingStrings {
-			env = append(env, "RECORD_FORMAT=string") // over any -idem-env RECORD_FORMAT
-		}
+		env = append(env, b.idemExtraEnv(kind, wl)...)
 		switch kind { // last: over any -idem-env LOG_LEVEL
 		case "info":
 			env = append(env, "LOG_LEVEL=info")
@@ -868,6 +865,18 @@ var ceilingModes = []string{"redis", "local", "commands"}
 // ceilingStrings, as -ceiling, makes the third target idemproxy itself with
 // RECORD_FORMAT=string: the two record formats alternate in one run.
 const ceilingStrings = "strings"
+
+// idemExtraEnv is what idemproxy's environment gets beyond the bench's own
+// when it runs as target kind in workload wl: -idem-env (with the
+// workload's routes), and RECORD_FORMAT=string as -ceiling strings' third
+// target, over any -idem-env RECORD_FORMAT.
+func (b *bench) idemExtraEnv(kind, wl string) []string {
+	env := idemEnvFor(b.cfg.idemEnv, wl)
+	if b.ceilingMode(kind) == ceilingStrings {
+		env = append(env, "RECORD_FORMAT=string")
+	}
+	return env
+}
 
 // ceilingName is how the report names -ceiling's third target.
 func ceilingName(mode string) string {

@@ -645,3 +645,23 @@ func TestCeilingArgs(t *testing.T) {
 		}
 	}
 }
+
+// With -ceiling strings the third target is idemproxy with RECORD_FORMAT=string,
+// last, over an -idem-env one; idemproxy's own rounds keep -idem-env's.
+func TestCeilingStringsEnv(t *testing.T) {
+	cfg, code := parseFlags([]string{"-ceiling", "strings", "-only", "unique", "-idem-env", "RECORD_FORMAT=hash"})
+	if code >= 0 {
+		t.Fatalf("parseFlags: code %d", code)
+	}
+	b := &bench{cfg: cfg}
+	if got, want := b.idemExtraEnv("ceil", "unique"), []string{"RECORD_FORMAT=hash", "RECORD_FORMAT=string"}; !slices.Equal(got, want) {
+		t.Errorf("third target's env %q, want %q", got, want)
+	}
+	if got, want := b.idemExtraEnv("idem", "unique"), []string{"RECORD_FORMAT=hash"}; !slices.Equal(got, want) {
+		t.Errorf("idemproxy's env %q, want %q", got, want)
+	}
+	cfg, _ = parseFlags([]string{"-ceiling", "commands", "-only", "unique"})
+	if got := (&bench{cfg: cfg}).idemExtraEnv("idem", "unique"); len(got) != 0 {
+		t.Errorf("idemproxy's env with -ceiling commands: %q, want none", got)
+	}
+}
