@@ -55,14 +55,6 @@ func (c *replayCache) get(k Key) (Fingerprint, *Record, uint64, bool) {
 	return e.fp, e.rec, c.gen, true
 }
 
-// generation returns the current generation, to be passed to put by a
-// caller that is about to read a record from Redis.
-func (c *replayCache) generation() uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.gen
-}
-
 // put caches rec, decoded from an encoding of encodedLen bytes (which its
 // body still refers to), until expires (when Redis drops it) or maxAge.
 // gen is the generation read before rec was read from Redis: if a purge

@@ -6,6 +6,14 @@ import (
 	"time"
 )
 
+// generation returns the current generation, as get does on a miss: what a
+// caller about to read a record from Redis passes to put.
+func (c *replayCache) generation() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gen
+}
+
 func TestReplayCacheBoundsAndExpiry(t *testing.T) {
 	c := newReplayCache(10_000, time.Hour)
 	rec := &Record{Status: 200, Body: make([]byte, 800)} // ~928 bytes accounted
