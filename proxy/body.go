@@ -159,15 +159,27 @@ type idleBody struct {
 	timeout  time.Duration
 	timedOut atomic.Bool
 	wd       *watchdog
+	// ended: a read returned io.EOF. Every later read answers io.EOF
+	// without asking the server's body: when the proxy flushes an answer's
+	// headers, net/http's server closes a request body that was read to its
+	// end, and the Transport's last read (after Content-Length bytes, one
+	// more to check that there is no more) can come after that; a "read on
+	// closed body" there makes it drop the upstream connection and cut the
+	// answer.
+	ended bool
 }
 
 func (b *idleBody) Read(p []byte) (int, error) {
+	if b.ended {
+		return 0, io.EOF
+	}
 	b.wd.pause()
 	defer b.wd.resume()
 	_ = b.rc.SetReadDeadline(time.Now().Add(b.timeout))
 	n, err := b.ReadCloser.Read(p)
 	switch {
 	case err == io.EOF:
+		b.ended = true
 		// net/http now reads the connection in the background to notice a
 		// client that hangs up; a deadline left armed would fire there and
 		// cancel the request while the upstream is still answering.
