@@ -69,9 +69,17 @@ func (d deadlineReader) Read(p []byte) (int, error) {
 	return d.r.Read(p)
 }
 
-// unreadBody gives r back the body readBody consumed in part: prefix, then
-// the rest still on the connection.
+// unreadBody gives r back the body readBody consumed: prefix, then the rest
+// still on the connection. A body read to its declared length is all in
+// prefix and is given back alone: the Transport reads once more after
+// Content-Length bytes, and past prefix that read would reach the server's
+// body, which net/http closes once the answer's headers are flushed (see
+// idleBody.ended).
 func unreadBody(r *http.Request, prefix []byte) {
+	if r.ContentLength > 0 && int64(len(prefix)) == r.ContentLength {
+		r.Body = bodyReader(prefix)
+		return
+	}
 	if len(prefix) > 0 {
 		r.Body = struct {
 			io.Reader
