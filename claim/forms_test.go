@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -270,29 +271,38 @@ func TestRecordFormsCommands(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := map[string]int64{}
-			for _, line := range strings.Split(info, "\n") {
-				name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
-				if !ok {
-					continue
-				}
-				name = strings.TrimPrefix(name, "cmdstat_")
-				calls, _, _ := strings.Cut(rest, ",")
-				var n int64
-				for _, c := range calls {
-					n = n*10 + int64(c-'0')
-				}
-				switch name, _, _ = strings.Cut(name, "|"); name {
-				case "evalsha", "eval", "config", "info", "script", "ping", "hello", "client":
-					continue // the client's and this test's own
-				}
-				got[name] = n
-			}
+			got := commandStats(t, info)
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("commands of one first request: %v, want %v", got, tc.want)
 			}
 		})
 	}
+}
+
+// commandStats is INFO commandstats as name -> calls, the client's and the
+// tests' own commands (EVALSHA, CONFIG, INFO...) left out: what the scripts
+// ran.
+func commandStats(t *testing.T, info string) map[string]int64 {
+	t.Helper()
+	got := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
+		}
+		name, _, _ = strings.Cut(strings.TrimPrefix(name, "cmdstat_"), "|")
+		switch name {
+		case "evalsha", "eval", "config", "info", "script", "ping", "hello", "client":
+			continue
+		}
+		calls, _, _ := strings.Cut(rest, ",")
+		n, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			t.Fatalf("INFO commandstats line %q: %v", line, err)
+		}
+		got[name] = n
+	}
+	return got
 }
 
 // TestRecordFormsLargeAnswer: an answer above the size a string record

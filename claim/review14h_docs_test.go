@@ -12,31 +12,6 @@ import (
 	"github.com/idemproxy/idemproxy/scripts"
 )
 
-// review14hCommandStats is INFO commandstats as name -> calls, the client's
-// and the test's own commands left out (as TestRecordFormsCommands does).
-func review14hCommandStats(t *testing.T, info string) map[string]int64 {
-	t.Helper()
-	got := map[string]int64{}
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
-		if !ok {
-			continue
-		}
-		name = strings.TrimPrefix(name, "cmdstat_")
-		calls, _, _ := strings.Cut(rest, ",")
-		var n int64
-		for _, c := range calls {
-			n = n*10 + int64(c-'0')
-		}
-		switch name, _, _ = strings.Cut(name, "|"); name {
-		case "evalsha", "eval", "config", "info", "script", "ping", "hello", "client":
-			continue
-		}
-		got[name] = n
-	}
-	return got
-}
-
 // TestReview14hReadmeCommandsLargeAnswer (nit): README "Record format":
 // with RECORD_FORMAT=string "A first request runs 6: MGET of the record and
 // the mark, TIME, SET … NX PX to claim; GET, TIME, SET … PX to complete".
@@ -64,7 +39,7 @@ func TestReview14hReadmeCommandsLargeAnswer(t *testing.T) {
 	}
 	// The README's 6, and the APPEND it names for an answer over 64 KiB.
 	want := map[string]int64{"mget": 1, "time": 2, "set": 2, "get": 1, "append": 1}
-	if got := review14hCommandStats(t, info); !reflect.DeepEqual(got, want) {
+	if got := commandStats(t, info); !reflect.DeepEqual(got, want) {
 		t.Errorf("a first request with a 100 KiB answer runs %v; want %v", got, want)
 	}
 	b, err := os.ReadFile("../README.md")
