@@ -266,9 +266,14 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	// A client that reads slowly (or not at all) must not hold the upstream
 	// copy until UPSTREAM_TIMEOUT cuts it: past this deadline its writes fail,
 	// are dropped, and the answer is still read in full and recorded, with
-	// the other half of UPSTREAM_TIMEOUT left for that.
+	// the other half of UPSTREAM_TIMEOUT left for that (at least 7/16 of it:
+	// writeBy may keep a deadline up to an eighth later).
 	upDeadline := start.Add(h.opts.UpstreamTimeout)
-	ex.onHeaders = func() { _ = res.rc.SetWriteDeadline(time.Now().Add(time.Until(upDeadline) / 2)) }
+	ex.onHeaders = func() {
+		now := time.Now()
+		half := upDeadline.Sub(now) / 2
+		res.writeBy(now.Add(half), deadlineSlack(half))
+	}
 	ex.arm = res.arm
 	aborted := h.forward(ex, out)
 	if upSpan != nil {

@@ -170,7 +170,7 @@ func (s *statusWriter) FlushError() error {
 // switch (101): a tunnel has no deadlines (it lives as long as both ends
 // keep it), and its status is 101, not the 502 of "no answer".
 func (s *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	_ = s.rc.SetWriteDeadline(time.Time{})
+	s.res.clearWriteDeadline()
 	_ = s.rc.SetReadDeadline(time.Time{})
 	conn, brw, err := s.rc.Hijack()
 	if err == nil {

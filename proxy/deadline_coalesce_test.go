@@ -1,0 +1,201 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// deadlineWriter is a ResponseWriter that keeps the write deadline the
+// handler puts on it, as a server connection does, and checks it at every
+// write against the window the handler promises: never already passed, and
+// never later than UPSTREAM_TIMEOUT plus its slack from the write.
+type deadlineWriter struct {
+	*httptest.ResponseRecorder
+	t        *testing.T
+	timeout  time.Duration
+	deadline time.Time
+	sets     int // non-zero deadlines set
+	writes   int
+}
+
+func (w *deadlineWriter) SetReadDeadline(time.Time) error { return nil }
+
+func (w *deadlineWriter) SetWriteDeadline(d time.Time) error {
+	if !d.IsZero() {
+		w.sets++
+	}
+	w.deadline = d
+	return nil
+}
+
+func (w *deadlineWriter) check(what string) {
+	w.t.Helper()
+	now := time.Now()
+	switch {
+	case w.deadline.IsZero():
+		w.t.Errorf("%s with no write deadline", what)
+	case !w.deadline.After(now):
+		w.t.Errorf("%s with a write deadline %v in the past", what, now.Sub(w.deadline))
+	case w.deadline.Sub(now) > w.timeout+deadlineSlack(w.timeout):
+		w.t.Errorf("%s with a write deadline %v ahead, more than UPSTREAM_TIMEOUT %v plus its slack", what, w.deadline.Sub(now), w.timeout)
+	}
+}
+
+func (w *deadlineWriter) WriteHeader(code int) {
+	w.check("WriteHeader")
+	w.ResponseRecorder.WriteHeader(code)
+}
+
+func (w *deadlineWriter) Write(p []byte) (int, error) {
+	w.check("Write")
+	w.writes++
+	return w.ResponseRecorder.Write(p)
+}
+
+// finalFlush checks the deadline left for net/http's flush after the
+// handler returns: the whole UPSTREAM_TIMEOUT, at most its slack more.
+func (w *deadlineWriter) finalFlush() {
+	w.t.Helper()
+	ahead := time.Until(w.deadline)
+	if ahead < w.timeout-50*time.Millisecond || ahead > w.timeout+deadlineSlack(w.timeout) {
+		w.t.Errorf("final flush: write deadline %v ahead, want UPSTREAM_TIMEOUT %v to %v", ahead, w.timeout, w.timeout+deadlineSlack(w.timeout))
+	}
+}
+
+func coalesceHandler(t *testing.T, upstream roundTripperFunc, timeout time.Duration) *Handler {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	o := memoryOptions(nil)
+	o.Transport = upstream
+	o.UpstreamTimeout = timeout
+	h, err := New(claim.NewStore(rdb, "idem:", nil), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func coalesceServe(t *testing.T, h *Handler, key string, timeout time.Duration) *deadlineWriter {
+	t.Helper()
+	r := httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/orders", strings.NewReader(`{"amount":1}`))
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	w := &deadlineWriter{ResponseRecorder: httptest.NewRecorder(), t: t, timeout: timeout}
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusCreated {
+		t.Fatalf("status %d, want 201: %s", w.Code, w.Body)
+	}
+	w.finalFlush()
+	return w
+}
+
+// TestWriteDeadlineSetOncePerAnswer: the stages of one answer arm the write
+// deadline within microseconds of each other; each set is a runtime timer
+// update on the connection, so one that is still UPSTREAM_TIMEOUT ahead is
+// kept. A replay sets it once (it set it three times: at the start, before
+// the answer, for the final flush), a first request three times (start, the
+// slow-client deadline of the upstream copy, the final flush: it was four),
+// and every write still has its deadline.
+func TestWriteDeadlineSetOncePerAnswer(t *testing.T) {
+	const timeout = 10 * time.Second
+	h := coalesceHandler(t, memoryUpstream, timeout)
+	first := coalesceServe(t, h, "k1", timeout)
+	if first.sets > 3 {
+		t.Errorf("first request: write deadline set %d times, want at most 3", first.sets)
+	}
+	replay := coalesceServe(t, h, "k1", timeout)
+	if replay.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("second request not replayed: %v", replay.Header())
+	}
+	if replay.sets != 1 {
+		t.Errorf("replay: write deadline set %d times, want 1", replay.sets)
+	}
+	plain := coalesceServe(t, h, "", timeout)
+	if plain.sets != 1 {
+		t.Errorf("pass-through: write deadline set %d times, want 1", plain.sets)
+	}
+}
+
+// slowBody is an upstream answer body read one byte at a time, with a
+// pause before some of the bytes.
+type slowBody struct {
+	left  int
+	pause map[int]time.Duration // before the byte with this many left
+}
+
+func (b *slowBody) Read(p []byte) (int, error) {
+	if b.left == 0 {
+		return 0, io.EOF
+	}
+	time.Sleep(b.pause[b.left])
+	p[0] = 'y'
+	b.left--
+	return 1, nil
+}
+
+func (b *slowBody) Close() error { return nil }
+
+// TestWriteDeadlineRearmedAfterAPause: a stream copied write by write keeps
+// one deadline while the writes follow each other, and gets a new one, the
+// whole UPSTREAM_TIMEOUT from the write, after a pause longer than the
+// slack: every write is checked (deadlineWriter).
+func TestWriteDeadlineRearmedAfterAPause(t *testing.T) {
+	const timeout = 800 * time.Millisecond // slack 100 ms
+	pauses := map[int]time.Duration{40: 150 * time.Millisecond, 20: 150 * time.Millisecond}
+	for _, key := range []string{"", "k-stream"} { // pass-through; keyed (the slow-client deadline)
+		t.Run("key="+key, func(t *testing.T) {
+			h := coalesceHandler(t, func(r *http.Request) (*http.Response, error) {
+				if r.Body != nil {
+					_, _ = io.Copy(io.Discard, r.Body)
+				}
+				return &http.Response{
+					StatusCode: http.StatusCreated, Header: http.Header{"Content-Type": {"text/plain"}},
+					Body: &slowBody{left: 60, pause: pauses}, ContentLength: -1, Request: r,
+				}, nil
+			}, timeout)
+			w := coalesceServe(t, h, key, timeout)
+			if w.Body.Len() != 60 {
+				t.Fatalf("body %d bytes, want 60", w.Body.Len())
+			}
+			// Without the pauses one set for the stream; each pause needs
+			// one more. The keyed path has more stages, each with its own.
+			if w.writes < 3 || w.sets < 3 || w.sets > 6 {
+				t.Errorf("%d writes, write deadline set %d times; want at least 3 writes and 3 to 6 sets (not one per write)", w.writes, w.sets)
+			}
+		})
+	}
+}
+
+// TestFailedHijackForgetsTheDeadline: a protocol switch lifts the write
+// deadline before it takes the connection; when the hijack fails, the
+// answer that follows must get a deadline again, not keep the one it
+// believes is still set.
+func TestFailedHijackForgetsTheDeadline(t *testing.T) {
+	w := &deadlineWriter{ResponseRecorder: httptest.NewRecorder(), t: t, timeout: time.Minute}
+	res := &result{rc: http.NewResponseController(w), writeTimeout: time.Minute}
+	sw := &statusWriter{ResponseWriter: w, rc: res.rc, res: res}
+	res.arm()
+	if _, _, err := sw.Hijack(); err == nil {
+		t.Fatal("Hijack of a recorder succeeded")
+	}
+	if !w.deadline.IsZero() {
+		t.Fatal("Hijack left the write deadline set")
+	}
+	sw.WriteHeader(http.StatusBadGateway) // checks the deadline is set again
+	if w.sets != 2 {
+		t.Errorf("write deadline set %d times, want 2 (before and after the failed hijack)", w.sets)
+	}
+}
