@@ -51,7 +51,6 @@ type exchange struct {
 	leftBefore atomic.Bool
 	keep       savedHeaders
 	onHeaders  func() // arms the slow-client write deadline
-	arm        func() // arms the ordinary write deadline (for 1xx answers)
 }
 
 var capturePool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -64,7 +63,14 @@ func (ex *exchange) WriteHeader(code int) {
 	}
 	if code < 200 { // informational (103 Early Hints): pass on, not recorded
 		if ex.clientErr == nil {
-			ex.arm()
+			// Under the slow-client deadline, as every write of the answer:
+			// the Transport relays a 1xx from the goroutine that reads the
+			// upstream's answer, and a client that does not take it must not
+			// keep the final answer unread past UPSTREAM_TIMEOUT (then
+			// unrecorded, and the retry gets 409 instead of a replay).
+			if ex.onHeaders != nil {
+				ex.onHeaders()
+			}
 			ex.w.WriteHeader(code)
 		}
 		return
@@ -274,7 +280,6 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 		half := upDeadline.Sub(now) / 2
 		res.writeBy(now.Add(half), deadlineSlack(half))
 	}
-	ex.arm = res.arm
 	aborted := h.forward(ex, out)
 	if upSpan != nil {
 		upSpan.End()
