@@ -66,8 +66,11 @@ func (w *deadlineWriter) Write(p []byte) (int, error) {
 // handler returns: the whole UPSTREAM_TIMEOUT, at most its slack more.
 func (w *deadlineWriter) finalFlush() {
 	w.t.Helper()
+	// A quarter of it spared for a loaded machine between the handler's
+	// end and this check; still above the slow-client deadline (half, and
+	// an eighth of that), which the final flush must not inherit.
 	ahead := time.Until(w.deadline)
-	if ahead < w.timeout-50*time.Millisecond || ahead > w.timeout+deadlineSlack(w.timeout) {
+	if ahead < w.timeout*3/4 || ahead > w.timeout+deadlineSlack(w.timeout) {
 		w.t.Errorf("final flush: write deadline %v ahead, want UPSTREAM_TIMEOUT %v to %v", ahead, w.timeout, w.timeout+deadlineSlack(w.timeout))
 	}
 }
@@ -171,9 +174,11 @@ func TestWriteDeadlineRearmedAfterAPause(t *testing.T) {
 				t.Fatalf("body %d bytes, want 60", w.Body.Len())
 			}
 			// Without the pauses one set for the stream; each pause needs
-			// one more. The keyed path has more stages, each with its own.
-			if w.writes < 3 || w.sets < 3 || w.sets > 6 {
-				t.Errorf("%d writes, write deadline set %d times; want at least 3 writes and 3 to 6 sets (not one per write)", w.writes, w.sets)
+			// one more. The keyed path has more stages, each with its own
+			// (5 sets here); a loaded machine may add a few, never one per
+			// write (60 writes: 63 and 124 sets before).
+			if w.writes < 3 || w.sets < 3 || w.sets > 20 {
+				t.Errorf("%d writes, write deadline set %d times; want at least 3 writes and 3 to 20 sets (not one per write)", w.writes, w.sets)
 			}
 		})
 	}
