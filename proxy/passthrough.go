@@ -31,7 +31,9 @@ func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *resul
 		ctx, span = h.startUpstreamSpan(ctx, r.Method)
 		defer span.End()
 	}
-	wd := &watchdog{timer: time.AfterFunc(h.opts.UpstreamTimeout, func() { cancel(errUpstreamStalled) }), d: h.opts.UpstreamTimeout}
+	wd := &watchdog{timer: time.AfterFunc(h.opts.UpstreamTimeout, func() { cancel(errUpstreamStalled) }), d: h.opts.UpstreamTimeout,
+		due: time.Now().Add(h.opts.UpstreamTimeout)}
+	sw.wd = wd
 	defer wd.stop()
 	ctx = httptrace.WithClientTrace(context.WithValue(ctx, watchdogKey{}, wd), &httptrace.ClientTrace{
 		GotConn: func(httptrace.GotConnInfo) { wd.gotConn.Store(true) },
@@ -72,6 +74,7 @@ type watchdog struct {
 
 	mu   sync.Mutex // orders resume against stop: a resume after stop would cut a download
 	done bool
+	due  time.Time // when the timer, last (re)started, fires
 }
 
 // pause is called while the body is read from the client: a slow client is
@@ -83,7 +86,17 @@ func (wd *watchdog) resume() {
 	defer wd.mu.Unlock()
 	if !wd.done {
 		wd.timer.Reset(wd.d)
+		wd.due = time.Now().Add(wd.d)
 	}
+}
+
+// left is how long the upstream has left to answer before the watchdog
+// fires (the Transport's ResponseHeaderTimeout, started once the whole
+// body was written, fires no sooner).
+func (wd *watchdog) left(now time.Time) time.Duration {
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	return wd.due.Sub(now)
 }
 
 func (wd *watchdog) stop() {
@@ -141,6 +154,7 @@ type statusWriter struct {
 	rc     *http.ResponseController
 	res    *result
 	body   *idleBody // the request body, when there is one
+	wd     *watchdog
 }
 
 func (s *statusWriter) WriteHeader(code int) {
@@ -148,7 +162,18 @@ func (s *statusWriter) WriteHeader(code int) {
 		s.status = code
 		s.keep.restore(s.ResponseWriter.Header())
 	}
-	s.res.arm()
+	if code < 200 && s.wd != nil {
+		// An informational answer (103 Early Hints) is relayed from the
+		// Transport's reader: while its write blocks, the final answer is
+		// not read, and the watchdog would blame the upstream of a client
+		// that does not read. It gets half of the upstream's time left, as
+		// a keyed answer's writes do, so that it fails first.
+		now := time.Now()
+		half := s.wd.left(now) / 2
+		s.res.writeBy(now.Add(half), deadlineSlack(half))
+	} else {
+		s.res.arm()
+	}
 	s.ResponseWriter.WriteHeader(code)
 }
 
