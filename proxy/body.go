@@ -167,6 +167,10 @@ type idleBody struct {
 	timeout  time.Duration
 	timedOut atomic.Bool
 	wd       *watchdog
+	// first, until the first read of a body with a length sent with
+	// "Expect: 100-continue": the lock a relayed 1xx holds (see
+	// statusWriter.informational). nil after, and for other bodies.
+	first *sync.Mutex
 	// ended: a read returned io.EOF. Every later read answers io.EOF
 	// without asking the server's body: when the proxy flushes an answer's
 	// headers, net/http's server closes a request body that was read to its
@@ -184,6 +188,16 @@ func (b *idleBody) Read(p []byte) (int, error) {
 	b.wd.pause()
 	defer b.wd.resume()
 	_ = b.rc.SetReadDeadline(time.Now().Add(b.timeout))
+	if b.first != nil {
+		// net/http writes its "100 Continue" on the body's first read. A
+		// read of nothing makes it do so now, without waiting for the body
+		// (a length-delimited body's empty read returns at once), under
+		// the lock, so that it is not written into a relayed 1xx.
+		b.first.Lock()
+		_, _ = b.ReadCloser.Read(p[:0])
+		b.first.Unlock()
+		b.first = nil
+	}
 	n, err := b.ReadCloser.Read(p)
 	switch {
 	case err == io.EOF:

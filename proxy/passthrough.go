@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,6 +42,9 @@ func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *resul
 	r = r.WithContext(ctx)
 	if r.Body != nil && r.Body != http.NoBody {
 		sw.body = &idleBody{ReadCloser: r.Body, rc: res.rc, timeout: h.opts.RequestReadTimeout, wd: wd}
+		if r.ContentLength > 0 && strings.Contains(strings.ToLower(r.Header.Get("Expect")), "100-continue") {
+			sw.body.first = &sw.informational
+		}
 		r.Body = sw.body
 	}
 	defer func() { // also when ReverseProxy aborts (panics) mid-body
@@ -72,18 +76,25 @@ type watchdog struct {
 	d       time.Duration
 	gotConn atomic.Bool // a connection was obtained: the request may have left
 
-	mu   sync.Mutex // orders resume against stop: a resume after stop would cut a download
-	done bool
-	due  time.Time // when the timer, last (re)started, fires
+	mu     sync.Mutex // orders resume against stop: a resume after stop would cut a download
+	done   bool
+	paused bool
+	due    time.Time // when the timer, last (re)started, fires
 }
 
 // pause is called while the body is read from the client: a slow client is
 // REQUEST_READ_TIMEOUT's business, not the upstream's.
-func (wd *watchdog) pause() { wd.timer.Stop() }
+func (wd *watchdog) pause() {
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	wd.paused = true
+	wd.timer.Stop()
+}
 
 func (wd *watchdog) resume() {
 	wd.mu.Lock()
 	defer wd.mu.Unlock()
+	wd.paused = false
 	if !wd.done {
 		wd.timer.Reset(wd.d)
 		wd.due = time.Now().Add(wd.d)
@@ -92,11 +103,17 @@ func (wd *watchdog) resume() {
 
 // left is how long the upstream has left to answer before the watchdog
 // fires (the Transport's ResponseHeaderTimeout, started once the whole
-// body was written, fires no sooner).
+// body was written, fires no sooner). While the client's body is being
+// read the watchdog is paused and restarts in full when the read returns:
+// the upstream has all of UPSTREAM_TIMEOUT left, whatever a slow client
+// has used up.
 func (wd *watchdog) left(now time.Time) time.Duration {
 	wd.mu.Lock()
 	defer wd.mu.Unlock()
-	return wd.due.Sub(now)
+	if wd.paused {
+		return wd.d
+	}
+	return max(0, wd.due.Sub(now))
 }
 
 func (wd *watchdog) stop() {
@@ -155,6 +172,12 @@ type statusWriter struct {
 	res    *result
 	body   *idleBody // the request body, when there is one
 	wd     *watchdog
+	// informational is held while a 1xx is written, and while net/http
+	// writes its own "100 Continue" (Expect) on the body's first read: that
+	// runs on the Transport's writing goroutine, a 1xx is relayed from its
+	// reading one, and net/http orders neither against the other. (Not for
+	// a chunked body: an empty read of one waits for its first chunk.)
+	informational sync.Mutex
 }
 
 func (s *statusWriter) WriteHeader(code int) {
@@ -168,12 +191,19 @@ func (s *statusWriter) WriteHeader(code int) {
 		// not read, and the watchdog would blame the upstream of a client
 		// that does not read. It gets half of the upstream's time left, as
 		// a keyed answer's writes do, so that it fails first.
+		// Once written, the ordinary deadline is back: net/http's own
+		// "100 Continue", written when the body is first read, must not
+		// inherit the short one.
 		now := time.Now()
 		half := s.wd.left(now) / 2
 		s.res.writeBy(now.Add(half), deadlineSlack(half))
-	} else {
+		s.informational.Lock()
+		s.ResponseWriter.WriteHeader(code)
 		s.res.arm()
+		s.informational.Unlock()
+		return
 	}
+	s.res.arm()
 	s.ResponseWriter.WriteHeader(code)
 }
 
