@@ -167,10 +167,11 @@ type idleBody struct {
 	timeout  time.Duration
 	timedOut atomic.Bool
 	wd       *watchdog
-	// first, until the first read of a body with a length sent with
-	// "Expect: 100-continue": the lock a relayed 1xx holds (see
+	// first, until the first read of a body sent with "Expect:
+	// 100-continue": the lock a relayed 1xx holds (see
 	// statusWriter.informational). nil after, and for other bodies.
-	first *sync.Mutex
+	first   *sync.Mutex
+	chunked bool // the body has no length
 	// ended: a read returned io.EOF. Every later read answers io.EOF
 	// without asking the server's body: when the proxy flushes an answer's
 	// headers, net/http's server closes a request body that was read to its
@@ -188,15 +189,22 @@ func (b *idleBody) Read(p []byte) (int, error) {
 	b.wd.pause()
 	defer b.wd.resume()
 	_ = b.rc.SetReadDeadline(time.Now().Add(b.timeout))
-	if b.first != nil {
-		// net/http writes its "100 Continue" on the body's first read. A
-		// read of nothing makes it do so now, without waiting for the body
-		// (a length-delimited body's empty read returns at once), under
-		// the lock, so that it is not written into a relayed 1xx.
-		b.first.Lock()
-		_, _ = b.ReadCloser.Read(p[:0])
-		b.first.Unlock()
+	if m := b.first; m != nil {
+		// net/http writes its "100 Continue" on the body's first read, and
+		// must not write it into a relayed 1xx: under the lock. A read of
+		// nothing makes it write now, without waiting for the body (a
+		// length-delimited body's empty read returns at once); a chunked
+		// one's waits for the first chunk all the same, so the lock is
+		// held across that read (a 1xx waits for it, REQUEST_READ_TIMEOUT
+		// at most).
 		b.first = nil
+		m.Lock()
+		if b.chunked {
+			defer m.Unlock()
+		} else {
+			_, _ = b.ReadCloser.Read(p[:0])
+			m.Unlock()
+		}
 	}
 	n, err := b.ReadCloser.Read(p)
 	switch {

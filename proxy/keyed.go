@@ -51,6 +51,7 @@ type exchange struct {
 	leftBefore atomic.Bool
 	keep       savedHeaders
 	onHeaders  func() // arms the slow-client write deadline
+	http10     bool   // the client speaks HTTP/1.0: no 1xx
 }
 
 var capturePool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -62,7 +63,7 @@ func (ex *exchange) WriteHeader(code int) {
 		return
 	}
 	if code < 200 { // informational (103 Early Hints): pass on, not recorded
-		if ex.clientErr == nil {
+		if ex.clientErr == nil && !ex.http10 { // never to HTTP/1.0 (RFC 9110 section 15.2)
 			// Under the slow-client deadline, as every write of the answer:
 			// the Transport relays a 1xx from the goroutine that reads the
 			// upstream's answer, and a client that does not take it must not
@@ -229,10 +230,11 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	buf.Reset()
 	defer capturePool.Put(buf)
 	ex := &exchange{
-		w:    w,
-		max:  h.opts.MaxStoredBytes,
-		buf:  buf,
-		keep: proxyHeaders(w.Header(), h.opts.KeyHeader),
+		w:      w,
+		max:    h.opts.MaxStoredBytes,
+		buf:    buf,
+		keep:   proxyHeaders(w.Header(), h.opts.KeyHeader),
+		http10: !r.ProtoAtLeast(1, 1),
 	}
 
 	// The client leaving must not cancel the upstream call: it runs to its

@@ -24,7 +24,8 @@ import (
 // (UPSTREAM_TIMEOUT per write); a stream that flows is never cut.
 func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *result, outcome string) {
 	res.outcome = outcome
-	sw := &statusWriter{ResponseWriter: w, keep: proxyHeaders(w.Header(), h.opts.KeyHeader), rc: res.rc, res: res}
+	sw := &statusWriter{ResponseWriter: w, keep: proxyHeaders(w.Header(), h.opts.KeyHeader), rc: res.rc, res: res,
+		http10: !r.ProtoAtLeast(1, 1)}
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	if h.tracer != nil {
@@ -42,8 +43,8 @@ func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *resul
 	r = r.WithContext(ctx)
 	if r.Body != nil && r.Body != http.NoBody {
 		sw.body = &idleBody{ReadCloser: r.Body, rc: res.rc, timeout: h.opts.RequestReadTimeout, wd: wd}
-		if r.ContentLength > 0 && strings.Contains(strings.ToLower(r.Header.Get("Expect")), "100-continue") {
-			sw.body.first = &sw.informational
+		if strings.Contains(strings.ToLower(r.Header.Get("Expect")), "100-continue") {
+			sw.body.first, sw.body.chunked = &sw.informational, r.ContentLength < 0
 		}
 		r.Body = sw.body
 	}
@@ -175,15 +176,18 @@ type statusWriter struct {
 	// informational is held while a 1xx is written, and while net/http
 	// writes its own "100 Continue" (Expect) on the body's first read: that
 	// runs on the Transport's writing goroutine, a 1xx is relayed from its
-	// reading one, and net/http orders neither against the other. (Not for
-	// a chunked body: an empty read of one waits for its first chunk.)
+	// reading one, and net/http orders neither against the other.
 	informational sync.Mutex
+	http10        bool // the client speaks HTTP/1.0: no 1xx (RFC 9110 section 15.2)
 }
 
 func (s *statusWriter) WriteHeader(code int) {
 	if s.status == 0 && code >= 200 {
 		s.status = code
 		s.keep.restore(s.ResponseWriter.Header())
+	}
+	if code < 200 && s.http10 {
+		return
 	}
 	if code < 200 && s.wd != nil {
 		// An informational answer (103 Early Hints) is relayed from the
