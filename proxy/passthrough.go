@@ -195,13 +195,13 @@ func (s *statusWriter) WriteHeader(code int) {
 		// not read, and the watchdog would blame the upstream of a client
 		// that does not read. It gets half of the upstream's time left, as
 		// a keyed answer's writes do, so that it fails first.
-		// Once written, the ordinary deadline is back: net/http's own
-		// "100 Continue", written when the body is first read, must not
-		// inherit the short one.
+		// Set under the lock, and the ordinary deadline back before it is
+		// released: net/http's own "100 Continue", written when the body
+		// is first read, must not be written under the short one.
+		s.informational.Lock()
 		now := time.Now()
 		half := s.wd.left(now) / 2
 		s.res.writeBy(now.Add(half), deadlineSlack(half))
-		s.informational.Lock()
 		s.ResponseWriter.WriteHeader(code)
 		s.res.arm()
 		s.informational.Unlock()
