@@ -2,9 +2,6 @@ package proxy_test
 
 import (
 	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -35,21 +32,9 @@ func TestPassthroughEarlyHintsToStalledClient(t *testing.T) {
 		o.Default.LockTTL = 4 * time.Second
 	})
 	var done atomic.Int32
-	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Link", strings.Repeat("</a.css>; rel=preload, ", 200<<10/24)) // ~200 KiB
-		w.WriteHeader(http.StatusEarlyHints)
-		w.Header().Del("Link")
-		w.Header().Set("Content-Length", "4")
-		w.WriteHeader(http.StatusCreated)
-		_, _ = io.WriteString(w, "done")
-		done.Add(1)
-	})
+	e.setUpstream(largeHintsThenCreated(&done))
 	logs := &testutil.SyncBuffer{}
-	srv := httptest.NewUnstartedServer(hlog.NewHandler(zerolog.New(logs))(e.h))
-	srv.Listener = smallSendBuffers{srv.Listener}
-	srv.Start()
-	defer srv.Close()
+	srv := smallBufferServer(t, hlog.NewHandler(zerolog.New(logs))(e.h))
 
 	c := dialSmallRcvbuf(t, srv.Listener.Addr().String())
 	defer c.Close()

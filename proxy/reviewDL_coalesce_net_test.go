@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -66,10 +65,7 @@ func TestReviewDLCoalescedDeadlineOnRealConnection(t *testing.T) {
 	t.Run("stalled client", func(t *testing.T) {
 		// Small kernel buffers on both ends (see smallSendBuffers): the
 		// proxy's writes block after a few KiB, not after megabytes.
-		srv := httptest.NewUnstartedServer(e.h)
-		srv.Listener = smallSendBuffers{srv.Listener}
-		srv.Start()
-		defer srv.Close()
+		srv := smallBufferServer(t, e.h)
 		c := dialSmallRcvbuf(t, srv.Listener.Addr().String())
 		defer c.Close()
 		fmt.Fprintf(c, "POST /stream?endless=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx")

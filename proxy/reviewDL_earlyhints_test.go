@@ -70,21 +70,9 @@ func TestReviewDLKeyedEarlyHintsToStalledClientStillRecorded(t *testing.T) {
 		o.Default.LockTTL = 4 * time.Second
 	})
 	var done atomic.Int32
-	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Link", strings.Repeat("</a.css>; rel=preload, ", 200<<10/24)) // ~200 KiB
-		w.WriteHeader(http.StatusEarlyHints)
-		w.Header().Del("Link")
-		w.Header().Set("Content-Length", "4")
-		w.WriteHeader(http.StatusCreated)
-		_, _ = io.WriteString(w, "done")
-		done.Add(1)
-	})
+	e.setUpstream(largeHintsThenCreated(&done))
 
-	srv := httptest.NewUnstartedServer(hlog.NewHandler(zerolog.New(e.logs))(e.h))
-	srv.Listener = smallSendBuffers{srv.Listener}
-	srv.Start()
-	defer srv.Close()
+	srv := smallBufferServer(t, hlog.NewHandler(zerolog.New(e.logs))(e.h))
 
 	c := dialSmallRcvbuf(t, srv.Listener.Addr().String())
 	defer c.Close()
@@ -116,4 +104,30 @@ func TestReviewDLKeyedEarlyHintsToStalledClientStillRecorded(t *testing.T) {
 	if n := e.calls.Load(); n != 1 {
 		t.Errorf("upstream called %d times, want 1", n)
 	}
+}
+
+// largeHintsThenCreated is an upstream that answers at once: a 103 Early
+// Hints with a ~200 KiB Link header, then 201 "done"; done counts its answers.
+func largeHintsThenCreated(done *atomic.Int32) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Link", strings.Repeat("</a.css>; rel=preload, ", 200<<10/24)) // ~200 KiB
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Header().Del("Link")
+		w.Header().Set("Content-Length", "4")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "done")
+		done.Add(1)
+	}
+}
+
+// smallBufferServer serves h on 127.0.0.1 with small kernel send buffers
+// (smallSendBuffers), closed when the test ends.
+func smallBufferServer(t *testing.T, h http.Handler) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(h)
+	srv.Listener = smallSendBuffers{srv.Listener}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -43,10 +42,7 @@ func continueAfterLargeHints(t *testing.T, framing, body string) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write(b)
 	})
-	srv := httptest.NewUnstartedServer(hlog.NewHandler(zerolog.New(e.logs))(e.h))
-	srv.Listener = smallSendBuffers{srv.Listener}
-	srv.Start()
-	defer srv.Close()
+	srv := smallBufferServer(t, hlog.NewHandler(zerolog.New(e.logs))(e.h))
 
 	c := dialSmallRcvbuf(t, srv.Listener.Addr().String())
 	defer c.Close()
