@@ -4,18 +4,20 @@
 #   scripts/bench.sh [-quick] [-duration 8s] [-warmup 2s] [-rounds 2] [-conns 64]
 #                    [-only unique,replay,mixed,nokey,unique1k,json1k,open,info,floor,mem] [-delays 0,2ms]
 #                    [-open-rate 0.5] [-open-duration 5s] [-open-warmup 1s] [-open-rounds N]
-#                    [-cpus wrk=0,proxy=1,upstream=1,redis=1] [-idem-bare] [-idem-bin PATH] [-ceiling redis|local|commands|strings] [-idem-ceiling redis|local|commands]
+#                    [-cpus wrk=0,proxy=1,upstream=1,redis=1] [-idem-bare] [-idem-bin PATH] [-ceiling redis|local|onewrite|commands|strings] [-idem-ceiling redis|local|onewrite|commands]
 #                    [-idem-env KEY=VALUE]... [-keep] [-v]
 #
 # open: the unique workload at a fixed rate (open loop, internal/bench/openloop with the vegeta
 # library) against both proxies; info: idemproxy at LOG_LEVEL=info against warn (not in the
 # default set); floor: the Redis CPU floor of idemproxy's claim and complete scripts, run from Go
 # by internal/bench/redisfloor with Redis alone on its core, no proxy (not in the default set).
-# -ceiling redis|local|commands: internal/bench/ceilingproxy, a bare proxy plus a minimal two-script design
-# ("local": the same work without Redis; "commands": a plain SET NX GET EX and a plain SET EX
-# instead of its scripts, the least any design writes), as a third target in every closed-loop round;
+# -ceiling redis|local|onewrite|commands: internal/bench/ceilingproxy, a bare proxy plus a minimal two-script design
+# ("local": the same work without Redis; "onewrite": two scripts of one SET each, the token checked in
+# Lua, the least a design with the contract's scripted claim and fenced completion asks of Redis;
+# "commands": a plain SET NX GET EX and a plain SET EX instead of its scripts, the least any design
+# writes), as a third target in every closed-loop round;
 # -ceiling strings: idemproxy itself with RECORD_FORMAT=string as that third target instead;
-# -idem-ceiling redis|local|commands: the same proxy in idemproxy's slot instead (for the open-loop phase).
+# -idem-ceiling redis|local|onewrite|commands: the same proxy in idemproxy's slot instead (for the open-loop phase).
 #
 # Needs go, wrk, redis-server and taskset (wrk and redis-server are installed with apt-get when
 # missing and running as root). The driver is internal/bench/run; `scripts/bench.sh -h` lists every flag.

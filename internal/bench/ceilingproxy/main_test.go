@@ -31,7 +31,7 @@ func TestCeilingClaimsForwardsOnceAndRecords(t *testing.T) {
 	}))
 	defer up.Close()
 	u, _ := url.Parse(up.URL)
-	c, err := newCeiling(u, srv.Addr(), false)
+	c, err := newCeiling(u, srv.Addr(), "scripts")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func TestCeilingLocalForwardsEveryRequest(t *testing.T) {
 	}))
 	defer up.Close()
 	u, _ := url.Parse(up.URL)
-	c, err := newCeiling(u, "", false)
+	c, err := newCeiling(u, "", "scripts")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestCeilingCommandsClaimsWithTwoPlainSets(t *testing.T) {
 	}))
 	defer up.Close()
 	u, _ := url.Parse(up.URL)
-	c, err := newCeiling(u, srv.Addr(), true)
+	c, err := newCeiling(u, srv.Addr(), "commands")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,5 +196,125 @@ func TestCeilingCommandsClaimsWithTwoPlainSets(t *testing.T) {
 	}
 	if rec, err := claim.DecodeRecord([]byte(v[49:])); err != nil || rec.Status != http.StatusCreated || string(rec.Body) != "answer" {
 		t.Errorf("recorded answer %+v, %v", rec, err)
+	}
+}
+
+// With -design onewrite each first request runs two scripts of one SET
+// each, and the completion is fenced by the claim's token: one whose claim
+// expired, or was taken over, writes nothing and is "lost".
+func TestCeilingOneWriteScripts(t *testing.T) {
+	srv := redistest.Start(t)
+	var hits atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte("answer"))
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	c, err := newCeiling(u, srv.Addr(), "onewrite")
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(c)
+	defer front.Close()
+	rdb := srv.Client()
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	post := func(body string) (int, string, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, front.URL, strings.NewReader(body))
+		req.Header.Set("Idempotency-Key", "same")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed")
+	}
+	if code, body, replayed := post("x"); code != http.StatusCreated || body != "answer" || replayed != "" {
+		t.Fatalf("first request: %d %q replayed %q", code, body, replayed)
+	}
+	stats, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// go-redis tries EVALSHA first and loads each script with EVAL on
+	// NOSCRIPT: one SET per script either way.
+	if !strings.Contains(stats, "cmdstat_set:calls=2,") || strings.Contains(stats, "cmdstat_get:") || strings.Contains(stats, "cmdstat_time:") {
+		t.Errorf("want the first request to run two SETs and nothing else:\n%s", stats)
+	}
+	if code, body, replayed := post("x"); code != http.StatusCreated || body != "answer" || replayed != "true" {
+		t.Errorf("duplicate: %d %q replayed %q, want the recorded answer", code, body, replayed)
+	}
+	if code, _, _ := post("y"); code != http.StatusConflict {
+		t.Errorf("another body under the same key: %d, want 409", code)
+	}
+	if got := hits.Load(); got != 1 {
+		t.Errorf("upstream hits %d, want 1", got)
+	}
+
+	// The fence, on the scripts themselves.
+	fp := strings.Repeat("f", 32)
+	tokA, tokB := strings.Repeat("a", 16), strings.Repeat("b", 16)
+	claimAs := func(tok string) string {
+		t.Helper()
+		v, err := claimOneScript.Run(ctx, rdb, []string{"k"}, tok, fp, lockTTL).Slice()
+		if err != nil || len(v) == 0 {
+			t.Fatalf("claim: %v %v", v, err)
+		}
+		return v[0].(string)
+	}
+	completeAs := func(tok string) string {
+		t.Helper()
+		s, err := completeOneScript.Run(ctx, rdb, []string{"k"}, tok, "c"+tok+fp+"record", recordTTL, lockTTL).Text()
+		if err != nil {
+			t.Fatalf("complete: %v", err)
+		}
+		return s
+	}
+	if got := claimAs(tokA); got != "claimed" {
+		t.Fatalf("claim A: %q", got)
+	}
+	if got := claimAs(tokB); got != "inflight" {
+		t.Errorf("claim B while A holds the key: %q, want inflight", got)
+	}
+	// A's lock expires (Redis's PX) and B takes the key.
+	if err := rdb.Del(ctx, "k").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := claimAs(tokB); got != "claimed" {
+		t.Fatalf("claim B after A's lock expired: %q", got)
+	}
+	if got := completeAs(tokA); got != "lost" {
+		t.Errorf("A completing over B's claim: %q, want lost", got)
+	}
+	if v, _ := rdb.Get(ctx, "k").Result(); v != "i"+tokB+fp {
+		t.Errorf("after A's late completion the key holds %q, want B's claim", v)
+	}
+	if ttl, _ := rdb.PTTL(ctx, "k").Result(); ttl <= 0 || ttl > time.Duration(lockTTL)*time.Millisecond {
+		t.Errorf("B's claim's TTL %v, want at most the lock TTL", ttl)
+	}
+	if got := completeAs(tokB); got != "ok" {
+		t.Errorf("B completing its own claim: %q, want ok", got)
+	}
+	if ttl, _ := rdb.PTTL(ctx, "k").Result(); ttl <= time.Duration(lockTTL)*time.Millisecond {
+		t.Errorf("B's record's TTL %v, want the record TTL", ttl)
+	}
+	// A completion whose claim expired with nobody taking it over writes
+	// nothing.
+	if err := rdb.Del(ctx, "k").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := completeAs(tokA); got != "lost" {
+		t.Errorf("completing an expired claim: %q, want lost", got)
+	}
+	if n, _ := rdb.Exists(ctx, "k").Result(); n != 0 {
+		t.Errorf("an expired claim's completion wrote the key")
 	}
 }

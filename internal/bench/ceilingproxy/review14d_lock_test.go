@@ -39,7 +39,7 @@ func TestReview14dExpiredLockIsTakenOver(t *testing.T) {
 	}))
 	defer up.Close()
 	u, _ := url.Parse(up.URL)
-	c, err := newCeiling(u, srv.Addr(), false)
+	c, err := newCeiling(u, srv.Addr(), "scripts")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -130,24 +130,29 @@ func (d *dropOnce) accept() {
 // TTL. idemproxy's claim.lua answers "claimed" to its own token ("the client
 // resent the script after losing the reply"); the check costs Redis nothing.
 func TestReview14fCommandsResentClaimIsOwnClaim(t *testing.T) {
-	t.Run("commands", func(t *testing.T) { testResentClaimIsOwnClaim(t, true) })
-	// The scripts design, with claimLua loaded so that the first EVALSHA runs
-	// (and its reply is the one lost).
-	t.Run("scripts", func(t *testing.T) { testResentClaimIsOwnClaim(t, false) })
+	t.Run("commands", func(t *testing.T) { testResentClaimIsOwnClaim(t, "commands") })
+	// The script designs, with their claim script loaded so that the first
+	// EVALSHA runs (and its reply is the one lost).
+	t.Run("scripts", func(t *testing.T) { testResentClaimIsOwnClaim(t, "scripts") })
+	t.Run("onewrite", func(t *testing.T) { testResentClaimIsOwnClaim(t, "onewrite") })
 }
 
-func testResentClaimIsOwnClaim(t *testing.T, commands bool) {
+func testResentClaimIsOwnClaim(t *testing.T, design string) {
 	srv := redistest.Start(t)
 	trigger := []byte("\r\nNX\r\n")
-	if !commands {
+	if design != "commands" {
+		script := claimScript
+		if design == "onewrite" {
+			script = claimOneScript
+		}
 		rdb := srv.Client()
 		defer rdb.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := claimScript.Load(ctx, rdb).Err(); err != nil {
+		if err := script.Load(ctx, rdb).Err(); err != nil {
 			t.Fatal(err)
 		}
-		trigger = []byte(claimScript.Hash())
+		trigger = []byte(script.Hash())
 	}
 	relay := newDropOnce(t, srv.Addr(), trigger)
 	var hits atomic.Int64
@@ -159,7 +164,7 @@ func testResentClaimIsOwnClaim(t *testing.T, commands bool) {
 	}))
 	defer up.Close()
 	u, _ := url.Parse(up.URL)
-	c, err := newCeiling(u, relay.ln.Addr().String(), commands)
+	c, err := newCeiling(u, relay.ln.Addr().String(), design)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,9 +75,11 @@ type config struct {
 	// idemCeiling puts internal/bench/ceilingproxy in idemproxy's slot (issue
 	// 14's reference for the proxy-side targets), in one of ceilingModes:
 	// "redis", a bare proxy plus a minimal two-script design; "local", the
-	// same work without Redis; "commands", the same with a plain SET NX GET
-	// EX and a plain SET EX instead of the scripts (the least any design
-	// writes). "" for idemproxy.
+	// same work without Redis; "onewrite", the same with two scripts of one
+	// write each (the least a design with the contract's scripted claim and
+	// fenced completion asks of Redis); "commands", the same with a plain
+	// SET NX GET EX and a plain SET EX instead of the scripts (the least any
+	// design writes). "" for idemproxy.
 	idemCeiling string
 	// ceiling adds internal/bench/ceilingproxy (a mode of ceilingModes) as a
 	// third target to every closed-loop round, so that bare, idemproxy and
@@ -169,8 +171,8 @@ func parseFlags(args []string) (*config, int) {
 	cpus := fs.String("cpus", "wrk=0,proxy=1,upstream=1,redis=1", "taskset cpu list per role")
 	fs.BoolVar(&cfg.idemBare, "idem-bare", false, "self-test: a second bare proxy takes idemproxy's slot (ratios show the noise floor)")
 	fs.StringVar(&cfg.idemBin, "idem-bin", "", "benchmark this idemproxy binary instead of building the tree")
-	fs.StringVar(&cfg.idemCeiling, "idem-ceiling", "", "internal/bench/ceilingproxy takes idemproxy's slot: redis (a bare proxy plus a minimal two-script design: body and answer in memory, key and fingerprint hashed, two small Redis scripts; -only unique,replay,mixed,open), local (the same without Redis; -only unique,open) or commands (the same with a plain SET NX GET EX and a plain SET EX instead of the scripts, the least any design writes; -only as redis)")
-	fs.StringVar(&cfg.ceiling, "ceiling", "", "add internal/bench/ceilingproxy (redis, local or commands, as -idem-ceiling) as a third target to the closed-loop rounds, alternated with bare and idemproxy in the same run; -only unique,replay,mixed (local: unique). strings: idemproxy itself with RECORD_FORMAT=string as the third target, reported as idem(string)")
+	fs.StringVar(&cfg.idemCeiling, "idem-ceiling", "", "internal/bench/ceilingproxy takes idemproxy's slot: redis (a bare proxy plus a minimal two-script design: body and answer in memory, key and fingerprint hashed, two small Redis scripts; -only unique,replay,mixed,open), local (the same without Redis; -only unique,open), onewrite (the same with two scripts of one write each, SET NX GET PX and SET XX GET PX with the token checked in Lua: the least a design with the contract's scripted claim and fenced completion asks of Redis; -only as redis) or commands (the same with a plain SET NX GET EX and a plain SET EX instead of the scripts, the least any design writes; -only as redis)")
+	fs.StringVar(&cfg.ceiling, "ceiling", "", "add internal/bench/ceilingproxy (redis, local, onewrite or commands, as -idem-ceiling) as a third target to the closed-loop rounds, alternated with bare and idemproxy in the same run; -only unique,replay,mixed (local: unique). strings: idemproxy itself with RECORD_FORMAT=string as the third target, reported as idem(string)")
 	var idemEnv listFlag
 	fs.Var(&idemEnv, "idem-env", "extra KEY=VALUE in idemproxy's environment (repeatable)")
 	memSlackMiB := fs.Float64("mem-slack", 4, "MiB of RSS growth allowed on top of MAX_STORED_RESPONSE_BYTES in the 10 MiB check")
@@ -847,20 +849,20 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 }
 
 // ceilingArgs are internal/bench/ceilingproxy's arguments in mode: "local"
-// gives it no Redis, "commands" its plain-command design.
+// gives it no Redis, "onewrite" and "commands" their designs.
 func ceilingArgs(mode, listen, upstream, redisAddr string) []string {
 	design := "scripts"
 	switch mode {
 	case "local":
 		redisAddr = ""
-	case "commands":
-		design = "commands"
+	case "onewrite", "commands":
+		design = mode
 	}
 	return []string{"-listen", listen, "-upstream", upstream, "-redis", redisAddr, "-design", design}
 }
 
 // ceilingModes are the modes of -ceiling and -idem-ceiling.
-var ceilingModes = []string{"redis", "local", "commands"}
+var ceilingModes = []string{"redis", "local", "onewrite", "commands"}
 
 // ceilingStrings, as -ceiling, makes the third target idemproxy itself with
 // RECORD_FORMAT=string: the two record formats alternate in one run.

@@ -627,11 +627,13 @@ func TestReportCeilingRows(t *testing.T) {
 }
 
 // Each ceiling mode starts the ceiling proxy as it says: with Redis and its
-// scripts, without Redis, or with Redis and the plain-command design.
+// scripts, without Redis, or with Redis and its one-write or plain-command
+// design.
 func TestCeilingArgs(t *testing.T) {
 	cases := map[string][]string{
 		"redis":    {"-listen", "L", "-upstream", "U", "-redis", "R", "-design", "scripts"},
 		"local":    {"-listen", "L", "-upstream", "U", "-redis", "", "-design", "scripts"},
+		"onewrite": {"-listen", "L", "-upstream", "U", "-redis", "R", "-design", "onewrite"},
 		"commands": {"-listen", "L", "-upstream", "U", "-redis", "R", "-design", "commands"},
 	}
 	for _, mode := range ceilingModes {
