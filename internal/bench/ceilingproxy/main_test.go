@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
@@ -127,54 +129,14 @@ func TestCeilingLocalForwardsEveryRequest(t *testing.T) {
 // plain SETs, no script: forwarded once, its duplicate replayed from the
 // claim's reply, a different body under the same key refused.
 func TestCeilingCommandsClaimsWithTwoPlainSets(t *testing.T) {
-	srv := redistest.Start(t)
-	var hits atomic.Int64
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hits.Add(1)
-		w.WriteHeader(http.StatusCreated)
-		_, _ = w.Write([]byte("answer"))
-	}))
-	defer up.Close()
-	u, _ := url.Parse(up.URL)
-	c, err := newCeiling(u, srv.Addr(), "commands")
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(c)
-	defer front.Close()
-	rdb := srv.Client()
-	defer rdb.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	post := func(body string) (int, string, string) {
-		t.Helper()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, front.URL, strings.NewReader(body))
-		req.Header.Set("Idempotency-Key", "same")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed")
-	}
+	f := startFront(t, "commands")
+	ctx, rdb, post := f.ctx, f.rdb, f.post
 	if code, body, replayed := post("x"); code != http.StatusCreated || body != "answer" || replayed != "" {
 		t.Fatalf("first request: %d %q replayed %q", code, body, replayed)
 	}
 	// Before the duplicate: nothing in the process's map yet, so the
 	// replay comes from the claim's reply.
-	if code, body, replayed := post("x"); code != http.StatusCreated || body != "answer" || replayed != "true" {
-		t.Errorf("duplicate: %d %q replayed %q, want the recorded answer", code, body, replayed)
-	}
-	if code, _, _ := post("y"); code != http.StatusConflict {
-		t.Errorf("another body under the same key: %d, want 409", code)
-	}
-	if got := hits.Load(); got != 1 {
-		t.Errorf("upstream hits %d, want 1", got)
-	}
+	f.checkDuplicates(t)
 	stats, err := rdb.Info(ctx, "commandstats").Result()
 	if err != nil {
 		t.Fatal(err)
@@ -203,40 +165,8 @@ func TestCeilingCommandsClaimsWithTwoPlainSets(t *testing.T) {
 // each, and the completion is fenced by the claim's token: one whose claim
 // expired, or was taken over, writes nothing and is "lost".
 func TestCeilingOneWriteScripts(t *testing.T) {
-	srv := redistest.Start(t)
-	var hits atomic.Int64
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hits.Add(1)
-		w.WriteHeader(http.StatusCreated)
-		_, _ = w.Write([]byte("answer"))
-	}))
-	defer up.Close()
-	u, _ := url.Parse(up.URL)
-	c, err := newCeiling(u, srv.Addr(), "onewrite")
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(c)
-	defer front.Close()
-	rdb := srv.Client()
-	defer rdb.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	post := func(body string) (int, string, string) {
-		t.Helper()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, front.URL, strings.NewReader(body))
-		req.Header.Set("Idempotency-Key", "same")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed")
-	}
+	f := startFront(t, "onewrite")
+	ctx, rdb, post := f.ctx, f.rdb, f.post
 	if code, body, replayed := post("x"); code != http.StatusCreated || body != "answer" || replayed != "" {
 		t.Fatalf("first request: %d %q replayed %q", code, body, replayed)
 	}
@@ -249,15 +179,7 @@ func TestCeilingOneWriteScripts(t *testing.T) {
 	if !strings.Contains(stats, "cmdstat_set:calls=2,") || strings.Contains(stats, "cmdstat_get:") || strings.Contains(stats, "cmdstat_time:") {
 		t.Errorf("want the first request to run two SETs and nothing else:\n%s", stats)
 	}
-	if code, body, replayed := post("x"); code != http.StatusCreated || body != "answer" || replayed != "true" {
-		t.Errorf("duplicate: %d %q replayed %q, want the recorded answer", code, body, replayed)
-	}
-	if code, _, _ := post("y"); code != http.StatusConflict {
-		t.Errorf("another body under the same key: %d, want 409", code)
-	}
-	if got := hits.Load(); got != 1 {
-		t.Errorf("upstream hits %d, want 1", got)
-	}
+	f.checkDuplicates(t)
 
 	// The fence, on the scripts themselves.
 	fp := strings.Repeat("f", 32)
@@ -316,5 +238,72 @@ func TestCeilingOneWriteScripts(t *testing.T) {
 	}
 	if n, _ := rdb.Exists(ctx, "k").Result(); n != 0 {
 		t.Errorf("an expired claim's completion wrote the key")
+	}
+}
+
+// front is a ceiling proxy of one design in front of an upstream that
+// answers 201 "answer", with Redis's command statistics reset.
+type front struct {
+	ctx  context.Context
+	rdb  *redis.Client
+	hits *atomic.Int64 // requests the upstream got
+	// post sends body under Idempotency-Key "same" and returns the status,
+	// the body and Idempotent-Replayed.
+	post func(body string) (int, string, string)
+}
+
+func startFront(t *testing.T, design string) *front {
+	t.Helper()
+	srv := redistest.Start(t)
+	f := &front{hits: new(atomic.Int64)}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.hits.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte("answer"))
+	}))
+	t.Cleanup(up.Close)
+	u, _ := url.Parse(up.URL)
+	c, err := newCeiling(u, srv.Addr(), design)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := httptest.NewServer(c)
+	t.Cleanup(fs.Close)
+	f.rdb = srv.Client()
+	t.Cleanup(func() { _ = f.rdb.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	f.ctx = ctx
+	if err := f.rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	f.post = func(body string) (int, string, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fs.URL, strings.NewReader(body))
+		req.Header.Set("Idempotency-Key", "same")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed")
+	}
+	return f
+}
+
+// checkDuplicates: after the first request with body "x", its duplicate is
+// replayed, a different body under the same key refused, and the upstream
+// got the first request alone.
+func (f *front) checkDuplicates(t *testing.T) {
+	t.Helper()
+	if code, body, replayed := f.post("x"); code != http.StatusCreated || body != "answer" || replayed != "true" {
+		t.Errorf("duplicate: %d %q replayed %q, want the recorded answer", code, body, replayed)
+	}
+	if code, _, _ := f.post("y"); code != http.StatusConflict {
+		t.Errorf("another body under the same key: %d, want 409", code)
+	}
+	if got := f.hits.Load(); got != 1 {
+		t.Errorf("upstream hits %d, want 1", got)
 	}
 }
