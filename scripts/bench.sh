@@ -12,8 +12,9 @@
 # default set); floor: the Redis CPU floor of idemproxy's claim and complete scripts, run from Go
 # by internal/bench/redisfloor with Redis alone on its core, no proxy (not in the default set).
 # -ceiling redis|local|onewrite|commands: internal/bench/ceilingproxy, a bare proxy plus a minimal two-script design
-# ("local": the same work without Redis; "onewrite": two scripts of one SET each, the token checked in
-# Lua, the least a design with the contract's scripted claim and fenced completion asks of Redis;
+# ("local": the same work without Redis; "onewrite": two scripts of one SET each, the completion's
+# GET and token check in Lua, the least a design with the contract's scripted claim and an exactly
+# fenced completion asks of Redis 7;
 # "commands": a plain SET NX GET EX and a plain SET EX instead of its scripts, the least any design
 # writes), as a third target in every closed-loop round;
 # -ceiling strings: idemproxy itself with RECORD_FORMAT=string as that third target instead;

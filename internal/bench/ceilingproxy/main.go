@@ -28,15 +28,15 @@
 //
 // With -design onewrite it keeps the two scripts, which the contract asks
 // for (the claim is one EVALSHA; completion checks the claim's token
-// atomically in Lua), and has each write once and read nothing else: the
-// claim is one SET NX GET PX of the lock TTL (the lock expires with the key,
-// on Redis's clock), the completion one SET XX GET PX of the record whose
-// previous value the script compares with its token; a value that was not
-// its claim's is put back (with the lock TTL) and the completion is "lost",
-// as is one whose claim had expired. No TIME, no takeover age, no "late"
-// completion recorded after its lock expired: the least a design with the
-// contract's atomic claim and fenced completion asks of Redis, one command
-// in each script on every first request.
+// atomically in Lua), and has each write once: the claim is one SET NX GET
+// PX of the lock TTL (the lock expires with the key, on Redis's clock), the
+// completion one GET, the token compared, and one SET PX of the record; a
+// completion whose claim expired or was taken over writes nothing and is
+// "lost". No TIME, no takeover age, no "late" completion recorded after its
+// lock expired: the least a design with the contract's atomic claim and an
+// exact fence asks of Redis 7 (which has no conditional SET: the completion
+// must read before it writes), one write in each script on every first
+// request.
 //
 // The scripts design is not the least any design can cost: its scripts read
 // TIME to keep a lock deadline and to tell a late completion, as idemproxy
@@ -146,18 +146,17 @@ end
 return {'inflight'}
 `
 
-// completeOneLua is -design onewrite's completion: one SET XX GET PX of
-// the record, its previous value compared with the token. ARGV: token,
-// value ('c', token, fingerprint, record), record TTL ms, lock ms.
+// completeOneLua is -design onewrite's completion: GET, the token
+// compared, SET PX of the record. Nothing is written over another claim's
+// value or over an expired claim, so neither its value nor its TTL changes.
+// ARGV: token, value ('c', token, fingerprint, record), record TTL ms.
 const completeOneLua = `
-local v = redis.call('SET', KEYS[1], ARGV[2], 'XX', 'GET', 'PX', ARGV[3])
-if v and string.sub(v, 2, 17) == ARGV[1] then
-  return 'ok'
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 2, 17) ~= ARGV[1] then
+  return 'lost'
 end
-if v then
-  redis.call('SET', KEYS[1], v, 'PX', ARGV[4]) -- another claim's: put back
-end
-return 'lost'
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 'ok'
 `
 
 var (
@@ -300,7 +299,7 @@ func (c *ceiling) complete(ctx context.Context, rk string, tok string, fp, enc [
 	v := make([]byte, 0, 49+len(enc))
 	v = append(append(append(append(v, 'c'), tok...), fp...), enc...)
 	if c.design == "onewrite" {
-		return completeOneScript.Run(ctx, c.rdb, []string{rk}, tok, v, recordTTL, lockTTL).Text()
+		return completeOneScript.Run(ctx, c.rdb, []string{rk}, tok, v, recordTTL).Text()
 	}
 	return "ok", c.rdb.SetArgs(ctx, rk, v, redis.SetArgs{TTL: time.Duration(recordTTL) * time.Millisecond}).Err()
 }
@@ -382,7 +381,7 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "listen address")
 	upstream := flag.String("upstream", "", "upstream base URL (required)")
 	redisAddr := flag.String("redis", "", "redis-server host:port; \"\": no Redis, the scripts are skipped")
-	design := flag.String("design", "scripts", "scripts: claim and complete scripts; onewrite: two scripts of one write each (SET NX GET PX, SET XX GET PX; the token checked in Lua, no clock); commands: a plain SET NX GET EX and a plain SET EX (no lock deadline, no token check)")
+	design := flag.String("design", "scripts", "scripts: claim and complete scripts; onewrite: two scripts of one write each (SET NX GET PX; GET, the token checked in Lua, SET PX; no clock); commands: a plain SET NX GET EX and a plain SET EX (no lock deadline, no token check)")
 	flag.Parse()
 
 	if *design != "scripts" && *design != "onewrite" && *design != "commands" {
