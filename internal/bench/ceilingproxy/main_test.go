@@ -183,24 +183,9 @@ func TestCeilingOneWriteScripts(t *testing.T) {
 	f.checkDuplicates(t)
 
 	// The fence, on the scripts themselves.
-	fp := strings.Repeat("f", 32)
+	ow := oneWrite{t, ctx, rdb}
+	claimAs, completeAs := ow.claim, ow.complete
 	tokA, tokB := strings.Repeat("a", 16), strings.Repeat("b", 16)
-	claimAs := func(tok string) string {
-		t.Helper()
-		v, err := claimOneScript.Run(ctx, rdb, []string{"k"}, tok, fp, lockTTL).Slice()
-		if err != nil || len(v) == 0 {
-			t.Fatalf("claim: %v %v", v, err)
-		}
-		return v[0].(string)
-	}
-	completeAs := func(tok string) string {
-		t.Helper()
-		s, err := completeOneScript.Run(ctx, rdb, []string{"k"}, tok, "c"+tok+fp+"record", recordTTL).Text()
-		if err != nil {
-			t.Fatalf("complete: %v", err)
-		}
-		return s
-	}
 	if got := claimAs(tokA); got != "claimed" {
 		t.Fatalf("claim A: %q", got)
 	}
@@ -217,7 +202,7 @@ func TestCeilingOneWriteScripts(t *testing.T) {
 	if got := completeAs(tokA); got != "lost" {
 		t.Errorf("A completing over B's claim: %q, want lost", got)
 	}
-	if v, _ := rdb.Get(ctx, "k").Result(); v != "i"+tokB+fp {
+	if v, _ := rdb.Get(ctx, "k").Result(); v != "i"+tokB+oneWriteFP {
 		t.Errorf("after A's late completion the key holds %q, want B's claim", v)
 	}
 	if ttl, _ := rdb.PTTL(ctx, "k").Result(); ttl <= 0 || ttl > time.Duration(lockTTL)*time.Millisecond {
@@ -307,4 +292,32 @@ func (f *front) checkDuplicates(t *testing.T) {
 	if got := f.hits.Load(); got != 1 {
 		t.Errorf("upstream hits %d, want 1", got)
 	}
+}
+
+// oneWrite runs -design onewrite's scripts on key "k", with one fingerprint
+// (oneWriteFP), and returns their answers.
+type oneWrite struct {
+	t   *testing.T
+	ctx context.Context
+	rdb *redis.Client
+}
+
+var oneWriteFP = strings.Repeat("f", 32)
+
+func (o oneWrite) claim(tok string) string {
+	o.t.Helper()
+	v, err := claimOneScript.Run(o.ctx, o.rdb, []string{"k"}, tok, oneWriteFP, lockTTL).Slice()
+	if err != nil || len(v) == 0 {
+		o.t.Fatalf("claim: %v %v", v, err)
+	}
+	return v[0].(string)
+}
+
+func (o oneWrite) complete(tok string) string {
+	o.t.Helper()
+	s, err := completeOneScript.Run(o.ctx, o.rdb, []string{"k"}, tok, "c"+tok+oneWriteFP+"record-"+tok, recordTTL).Text()
+	if err != nil {
+		o.t.Fatalf("complete: %v", err)
+	}
+	return s
 }
