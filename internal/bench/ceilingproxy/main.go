@@ -45,8 +45,9 @@
 //
 // It leaves out what no first request of the benchmark needs: no release of
 // a claim whose forward failed (the next request takes it over once its
-// lock deadline has passed), no routes, scope, limits beyond a 1 MiB body, metrics, logs, request ids or problem documents, and
-// no deadlines on the client connection. A duplicate is never forwarded: it
+// lock deadline has passed), no routes, scope, limits beyond a 1 MiB body,
+// metrics, logs, request ids or problem documents, and no deadlines on the
+// client connection. A duplicate is never forwarded: it
 // gets the recorded answer (from a map of the answers this process has
 // replayed, as idemproxy's replay cache does, else from the claim script's
 // reply), or 409.

@@ -241,33 +241,43 @@ type front struct {
 func startFront(t *testing.T, design string) *front {
 	t.Helper()
 	srv := redistest.Start(t)
+	f := startFrontAt(t, design, srv.Addr())
+	f.rdb = srv.Client()
+	t.Cleanup(func() { _ = f.rdb.Close() })
+	if err := f.rdb.ConfigResetStat(f.ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// startFrontAt is startFront with the Redis at redisAddr (a relay, say),
+// and no client of its own (f.rdb is nil).
+func startFrontAt(t *testing.T, design, redisAddr string) *front {
+	t.Helper()
 	f := &front{hits: new(atomic.Int64)}
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.hits.Add(1)
+		_, _ = io.ReadAll(r.Body)
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write([]byte("answer"))
 	}))
 	t.Cleanup(up.Close)
 	u, _ := url.Parse(up.URL)
-	c, err := newCeiling(u, srv.Addr(), design)
+	c, err := newCeiling(u, redisAddr, design)
 	if err != nil {
 		t.Fatal(err)
 	}
 	fs := httptest.NewServer(c)
 	t.Cleanup(fs.Close)
-	f.rdb = srv.Client()
-	t.Cleanup(func() { _ = f.rdb.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	f.ctx = ctx
-	if err := f.rdb.ConfigResetStat(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
+	client := &http.Client{Timeout: 15 * time.Second}
 	f.post = func(body string) (int, string, string) {
 		t.Helper()
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fs.URL, strings.NewReader(body))
 		req.Header.Set("Idempotency-Key", "same")
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := client.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -311,6 +321,21 @@ func (o oneWrite) claim(tok string) string {
 		o.t.Fatalf("claim: %v %v", v, err)
 	}
 	return v[0].(string)
+}
+
+// takeOver: a claims, its lock expires (Redis's PX; DEL stands for it), and
+// b claims the key.
+func (o oneWrite) takeOver(a, b string) {
+	o.t.Helper()
+	if got := o.claim(a); got != "claimed" {
+		o.t.Fatalf("claim %q: %q", a[:1], got)
+	}
+	if err := o.rdb.Del(o.ctx, "k").Err(); err != nil {
+		o.t.Fatal(err)
+	}
+	if got := o.claim(b); got != "claimed" {
+		o.t.Fatalf("claim %q after the first one's lock expired: %q", b[:1], got)
+	}
 }
 
 func (o oneWrite) complete(tok string) string {

@@ -3,11 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -155,41 +152,18 @@ func testResentClaimIsOwnClaim(t *testing.T, design string) {
 		trigger = []byte(script.Hash())
 	}
 	relay := newDropOnce(t, srv.Addr(), trigger)
-	var hits atomic.Int64
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hits.Add(1)
-		_, _ = io.ReadAll(r.Body)
-		w.WriteHeader(http.StatusCreated)
-		_, _ = io.WriteString(w, `{"ok":true}`)
-	}))
-	defer up.Close()
-	u, _ := url.Parse(up.URL)
-	c, err := newCeiling(u, relay.ln.Addr().String(), design)
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(c)
-	defer front.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, front.URL+"/v1/orders", strings.NewReader(`{"a":1}`))
-	req.Header.Set("Idempotency-Key", "k-resend")
-	resp, err := (&http.Client{Timeout: 15 * time.Second}).Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	f := startFrontAt(t, design, relay.ln.Addr().String())
+	code, body, _ := f.post(`{"a":1}`)
 	if relay.dropped.Load() != 1 {
 		t.Fatalf("the claim's reply was not dropped (dropped %d): the test did not exercise a lost reply", relay.dropped.Load())
 	}
 	// go-redis resends a command whose reply was lost (MaxRetries: 1): a
 	// 503 here means it did not, and the test checks nothing.
-	if resp.StatusCode == http.StatusServiceUnavailable {
+	if code == http.StatusServiceUnavailable {
 		t.Fatalf("go-redis did not resend the claim (503 %q)", body)
 	}
-	if resp.StatusCode != http.StatusCreated || hits.Load() != 1 {
+	if code != http.StatusCreated || f.hits.Load() != 1 {
 		t.Errorf("first request whose claim reply was lost and resent: status %d %q, upstream hits %d; want 201 and 1 (its own claim, not another's)",
-			resp.StatusCode, strings.TrimSpace(string(body)), hits.Load())
+			code, strings.TrimSpace(body), f.hits.Load())
 	}
 }

@@ -42,17 +42,9 @@ func TestReviewOWStaleCompletionKeepsTakeoverRecordTTL(t *testing.T) {
 	defer cancel()
 
 	ow := oneWrite{t, ctx, rdb}
-	claimAs, completeAs := ow.claim, ow.complete
+	completeAs := ow.complete
 	tokA, tokB := strings.Repeat("a", 16), strings.Repeat("b", 16)
-	if got := claimAs(tokA); got != "claimed" {
-		t.Fatalf("claim A: %q", got)
-	}
-	if err := rdb.Del(ctx, "k").Err(); err != nil { // A's lock expires
-		t.Fatal(err)
-	}
-	if got := claimAs(tokB); got != "claimed" {
-		t.Fatalf("claim B: %q", got)
-	}
+	ow.takeOver(tokA, tokB)
 	if got := completeAs(tokB); got != "ok" {
 		t.Fatalf("complete B: %q", got)
 	}
@@ -178,15 +170,7 @@ func TestReviewOWStaleCompletionDoesNotReArmTakeoverLock(t *testing.T) {
 	defer cancel()
 	ow := oneWrite{t, ctx, rdb}
 	tokA, tokB := strings.Repeat("a", 16), strings.Repeat("b", 16)
-	if got := ow.claim(tokA); got != "claimed" {
-		t.Fatalf("claim A: %q", got)
-	}
-	if err := rdb.Del(ctx, "k").Err(); err != nil { // A's lock expires
-		t.Fatal(err)
-	}
-	if got := ow.claim(tokB); got != "claimed" {
-		t.Fatalf("claim B: %q", got)
-	}
+	ow.takeOver(tokA, tokB)
 	// B's claim has aged 58 s of its 60 s lock (Redis's clock).
 	if err := rdb.PExpire(ctx, "k", 2*time.Second).Err(); err != nil {
 		t.Fatal(err)
@@ -201,7 +185,7 @@ func TestReviewOWStaleCompletionDoesNotReArmTakeoverLock(t *testing.T) {
 
 // go-redis resends a completion whose reply was lost (MaxRetries: 1). The
 // resend finds the request's own record and answers "ok" (it rewrites the
-// same value and refreshes its TTL): safe. Expected to pass.
+// same value and refreshes its TTL): safe.
 func TestReviewOWResentCompletionIsOwnRecord(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
@@ -212,41 +196,15 @@ func TestReviewOWResentCompletionIsOwnRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	relay := newDropOnce(t, srv.Addr(), []byte(completeOneScript.Hash()))
-	var hits atomic.Int64
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hits.Add(1)
-		_, _ = io.ReadAll(r.Body)
-		w.WriteHeader(http.StatusCreated)
-		_, _ = io.WriteString(w, `{"ok":true}`)
-	}))
-	defer up.Close()
-	u, _ := url.Parse(up.URL)
-	c, err := newCeiling(u, relay.ln.Addr().String(), "onewrite")
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(c)
-	defer front.Close()
-	client := &http.Client{Timeout: 15 * time.Second}
-	post := func() (int, string, string) {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, front.URL+"/v1/orders", strings.NewReader(`{"a":1}`))
-		req.Header.Set("Idempotency-Key", "ow-resend-complete")
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed")
-	}
-	code, body, _ := post()
+	f := startFrontAt(t, "onewrite", relay.ln.Addr().String())
+	code, body, _ := f.post(`{"a":1}`)
 	if relay.dropped.Load() != 1 {
 		t.Fatalf("the completion's reply was not dropped (dropped %d)", relay.dropped.Load())
 	}
 	if code != http.StatusCreated {
 		t.Fatalf("first request whose completion reply was lost: %d %q, want 201", code, body)
 	}
-	rk := onewriteKey("ow-resend-complete")
+	rk := onewriteKey("same")
 	v, err := rdb.Get(ctx, rk).Result()
 	if err != nil && err != redis.Nil {
 		t.Fatal(err)
@@ -257,10 +215,10 @@ func TestReviewOWResentCompletionIsOwnRecord(t *testing.T) {
 	if ttl, _ := rdb.PTTL(ctx, rk).Result(); ttl <= time.Duration(lockTTL)*time.Millisecond {
 		t.Errorf("record TTL %v, want the record TTL", ttl)
 	}
-	if code, _, replayed := post(); code != http.StatusCreated || replayed != "true" {
+	if code, _, replayed := f.post(`{"a":1}`); code != http.StatusCreated || replayed != "true" {
 		t.Errorf("duplicate: %d replayed %q, want a replay", code, replayed)
 	}
-	if got := hits.Load(); got != 1 {
+	if got := f.hits.Load(); got != 1 {
 		t.Errorf("upstream hits %d, want 1", got)
 	}
 }

@@ -77,7 +77,7 @@ type config struct {
 	// "redis", a bare proxy plus a minimal two-script design; "local", the
 	// same work without Redis; "onewrite", the same with two scripts of one
 	// write each (the least a design with the contract's scripted claim and
-	// fenced completion asks of Redis); "commands", the same with a plain
+	// an exactly fenced completion asks of Redis 7); "commands", the same with a plain
 	// SET NX GET EX and a plain SET EX instead of the scripts (the least any
 	// design writes). "" for idemproxy.
 	idemCeiling string
