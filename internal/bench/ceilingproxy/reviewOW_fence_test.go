@@ -31,15 +31,23 @@ func onewriteKey(key string) string {
 	return "idem:{" + hex.EncodeToString(kh[:]) + "}"
 }
 
+// redisFor starts a redis-server for t and returns it with a client and a
+// context of d, both ended with the test.
+func redisFor(t *testing.T, d time.Duration) (*redistest.Server, *redis.Client, context.Context) {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return srv, rdb, ctx
+}
+
 // The scripts alone: A claims, A's lock expires (Redis's PX; DEL stands for
 // it), B claims and completes, then A's late completion arrives. It must be
 // "lost" and leave B's record exactly as it was: value and TTL.
 func TestReviewOWStaleCompletionKeepsTakeoverRecordTTL(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client()
-	defer rdb.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	_, rdb, ctx := redisFor(t, 10*time.Second)
 
 	ow := oneWrite{t, ctx, rdb}
 	completeAs := ow.complete
@@ -163,11 +171,7 @@ func TestReviewOWStaleCompletionOverRecordEndToEnd(t *testing.T) {
 // not move that claim's lock expiry: Redis's PX from B's claim decides when B's
 // key may be taken over, not the time A's completion arrived.
 func TestReviewOWStaleCompletionDoesNotReArmTakeoverLock(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client()
-	defer rdb.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	_, rdb, ctx := redisFor(t, 10*time.Second)
 	ow := oneWrite{t, ctx, rdb}
 	tokA, tokB := strings.Repeat("a", 16), strings.Repeat("b", 16)
 	ow.takeOver(tokA, tokB)
@@ -187,11 +191,7 @@ func TestReviewOWStaleCompletionDoesNotReArmTakeoverLock(t *testing.T) {
 // resend finds the request's own record and answers "ok" (it rewrites the
 // same value and refreshes its TTL): safe.
 func TestReviewOWResentCompletionIsOwnRecord(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client()
-	defer rdb.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	srv, rdb, ctx := redisFor(t, 20*time.Second)
 	if err := completeOneScript.Load(ctx, rdb).Err(); err != nil {
 		t.Fatal(err)
 	}

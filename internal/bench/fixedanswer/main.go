@@ -40,7 +40,9 @@ func handler(spin time.Duration) http.Handler {
 			http.Error(w, "body: "+err.Error(), http.StatusBadRequest)
 			return
 		}
-		for t := time.Now(); time.Since(t) < spin; {
+		if spin > 0 { // no clock reads in the reference itself
+			for t := time.Now(); time.Since(t) < spin; {
+			}
 		}
 		h := w.Header()
 		h["Content-Type"] = []string{"application/json"}
