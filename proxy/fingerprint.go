@@ -3,10 +3,12 @@ package proxy
 import (
 	"crypto/sha256"
 	"fmt"
+	"hash"
 	"net/http"
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/gowebpki/jcs"
 
@@ -48,8 +50,8 @@ func ParseFingerprint(s string) (Fingerprint, error) {
 // records were always written with; the others start with a profile tag,
 // so no two profiles ever produce one fingerprint.
 func fingerprint(r *http.Request, body []byte, prof Fingerprint) claim.Fingerprint {
-	var stack [4096]byte // small requests are hashed in one go, without allocating
-	b := stack[:0]
+	var small [256]byte // the fields, and a small body after them, without allocating
+	b := small[:0]
 	switch prof {
 	case FingerprintJSON:
 		b = append(b, "\x00json\x00"...)
@@ -71,14 +73,39 @@ func fingerprint(r *http.Request, body []byte, prof Fingerprint) claim.Fingerpri
 		b = append(b, r.URL.RawQuery...)
 		b = append(b, 0)
 	}
-	if len(b)+len(body) <= len(stack) {
+	if len(b)+len(body) <= len(small) {
 		return sha256.Sum256(append(b, body...))
 	}
-	h := sha256.New()
-	h.Write(b)
-	h.Write(body)
-	var fp claim.Fingerprint
-	h.Sum(fp[:0])
+	return hashPair(b, body)
+}
+
+// hasher is a SHA-256 state kept in a pool, with room for its input's
+// first part and its sum: a larger body is hashed after the fields without
+// being copied next to them. (The fields' stack buffer used to be 4 KiB: it
+// took every connection's goroutine past its first stack, which the GC
+// shrank back while the connection idled, so that under load the stack was
+// copied on a large share of requests. The fields are copied here because
+// what is written to a hash.Hash escapes, and the stack buffer with it.)
+type hasher struct {
+	h   hash.Hash
+	pre []byte
+	sum claim.Fingerprint
+}
+
+var hashers = sync.Pool{New: func() any { return &hasher{h: sha256.New()} }}
+
+// hashPair is SHA-256 of a then b, as if they were one slice.
+func hashPair(a, b []byte) claim.Fingerprint {
+	hs := hashers.Get().(*hasher)
+	hs.pre = append(hs.pre[:0], a...)
+	hs.h.Reset()
+	hs.h.Write(hs.pre)
+	hs.h.Write(b)
+	hs.h.Sum(hs.sum[:0])
+	fp := hs.sum
+	if cap(hs.pre) <= 1<<10 { // a long path's copy is not kept
+		hashers.Put(hs)
+	}
 	return fp
 }
 
