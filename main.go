@@ -174,8 +174,7 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 		return nil, err
 	}
 	a := &app{logger: logger, store: st, handler: h, failed: make(chan error, 2), tracing: tr}
-	handler := withRequestLog(logger, h)
-	a.proxySrv = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+	a.proxySrv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: newStdLog(logger)}
 	pl, err := net.Listen("tcp", cfg.ListenAddr)
 	if err != nil {

@@ -17,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
-	"github.com/rs/zerolog/hlog"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
@@ -116,7 +115,7 @@ func (e *env) newProxy(opts proxy.Options) (*proxy.Handler, *httptest.Server, *p
 	if err != nil {
 		e.t.Fatalf("proxy.New: %v", err)
 	}
-	srv := httptest.NewServer(hlog.NewHandler(logger)(hlog.RequestIDHandler("request_id", "X-Request-Id")(h)))
+	srv := httptest.NewServer(h)
 	e.t.Cleanup(srv.Close)
 	return h, srv, reg
 }

@@ -18,7 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
-	"github.com/rs/zerolog/hlog"
+	"github.com/rs/xid"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/claim"
@@ -52,8 +52,10 @@ type Options struct {
 	// writes (Link: <DocsURL>; rel="describedby").
 	DocsURL   string
 	Transport http.RoundTripper // nil: NewTransport() with ResponseHeaderTimeout = UpstreamTimeout
-	Logger    zerolog.Logger    // for errors outside a request
-	Metrics   *Metrics          // nil: metrics are registered nowhere
+	// Logger writes the access log and every other line; the lines of a
+	// request carry its request_id.
+	Logger  zerolog.Logger
+	Metrics *Metrics // nil: metrics are registered nowhere
 	// TracerProvider, when set, traces every request (trace.go); nil: no
 	// tracing, and no tracing work on any request.
 	TracerProvider trace.TracerProvider
@@ -255,7 +257,11 @@ func hideIdempotencyKey(h http.Header) {
 
 // result is what the access log and the metrics learn about one request.
 type result struct {
-	route   string
+	// requestID is sent as X-Request-Id and logged as request_id on every
+	// line of the request (see logs).
+	requestID string
+	log       *zerolog.Logger
+	route     string
 	outcome string
 	status  int
 	// key is the (scope, key) hash once there is one (hasKey): logged as
@@ -288,9 +294,20 @@ const (
 // to deadlineSlack more. Every stage that writes arms first: a deadline set
 // earlier may have been used up by a wait (WAIT_TIMEOUT), a slow body or a
 // long upload.
-func (res *result) arm() {
-	res.writeBy(time.Now().Add(res.writeTimeout), deadlineSlack(res.writeTimeout))
+func (res *result) arm() { res.armFrom(time.Now()) }
+
+// armFrom is arm with the time already read.
+func (res *result) armFrom(now time.Time) {
+	res.writeBy(now.Add(res.writeTimeout), deadlineSlack(res.writeTimeout))
 }
+
+// info, warn and error start a log line of this request. The request id is
+// a field of each line rather than of a logger made per request: that
+// logger, carried in a copy of the request, was four allocations on every
+// request, replays included, at any LOG_LEVEL (issue 14).
+func (res *result) info() *zerolog.Event  { return res.log.Info().Str("request_id", res.requestID) }
+func (res *result) warn() *zerolog.Event  { return res.log.Warn().Str("request_id", res.requestID) }
+func (res *result) error() *zerolog.Event { return res.log.Error().Str("request_id", res.requestID) }
 
 // writeBy makes the client's write deadline no earlier than earliest and no
 // later than earliest+slack. A deadline this request set that is already in
@@ -326,8 +343,13 @@ func deadlineSlack(d time.Duration) time.Duration {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	h.metrics.inflight.Inc()
-	res := result{route: "default", upstreamMS: -1, rc: http.NewResponseController(w), writeTimeout: h.opts.UpstreamTimeout,
-		keySource: keySourceNone, docsLink: h.docsLink}
+	// Every answer carries a new request id, the request_id of the
+	// request's log lines: the proxy's own, set before anything can answer
+	// and kept over an upstream's header of that name (savedHeaders).
+	id := xid.NewWithTime(start).String()
+	w.Header()[RequestIDHeader] = []string{id}
+	res := result{requestID: id, log: &h.opts.Logger, route: "default", upstreamMS: -1, rc: http.NewResponseController(w),
+		writeTimeout: h.opts.UpstreamTimeout, keySource: keySourceNone, docsLink: h.docsLink}
 	defer h.finish(r, &res, start)
 	if h.tracer != nil {
 		var span trace.Span
@@ -338,7 +360,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// deadline: a client that never reads (or pipelines and never reads)
 	// must not hold a connection. Each stage re-arms it before it writes,
 	// and streams extend it per write.
-	res.arm()
+	res.armFrom(start)
 
 	pol := h.opts.Default
 	pol.Covered = h.methods[r.Method]
@@ -429,7 +451,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		res.replayOf = rec.Trace
 	}
 	if err != nil {
-		h.noteUnknown(r, err, &res)
+		h.noteUnknown(err, &res)
 	}
 	switch {
 	case err == nil && rec != nil && pol.Observe:
@@ -443,25 +465,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.execute(w, r, body, lease, pol, &res)
 	default:
 		a := h.claimAnswer(err, r.Context().Err(), pol)
-		lg := hlog.FromRequest(r)
 		switch {
 		case pol.Observe:
 			if a.outcome == outcomeStoreError || a.outcome == outcomeFailOpen {
-				lg.Warn().Err(err).Hex("key_hash", res.key[:]).Msg("claim failed (Redis unavailable, or the record unreadable); forwarding (observe mode)")
+				res.warn().Err(err).Hex("key_hash", res.key[:]).Msg("claim failed (Redis unavailable, or the record unreadable); forwarding (observe mode)")
 			}
 			h.refuse(w, r, &res, a, pol, body)
 			return
 		case errors.Is(err, claim.ErrBadRecord):
-			lg.Error().Err(err).Hex("key_hash", res.key[:]).Msg("stored record cannot be decoded")
+			res.error().Err(err).Hex("key_hash", res.key[:]).Msg("stored record cannot be decoded")
 		case a.outcome == outcomeFailOpen:
-			lg.Warn().Err(err).Hex("key_hash", res.key[:]).Msg("Redis unreachable; forwarding without idempotency guarantee (fail open)")
+			res.warn().Err(err).Hex("key_hash", res.key[:]).Msg("Redis unreachable; forwarding without idempotency guarantee (fail open)")
 			r.Body = bodyReader(body)
 			h.passthrough(w, r, &res, a.outcome)
 			return
 		case a.outcome == outcomeStoreError && claim.Unavailable(err):
-			lg.Error().Err(err).Hex("key_hash", res.key[:]).Msg("Redis unreachable; answering 503 (fail closed)")
+			res.error().Err(err).Hex("key_hash", res.key[:]).Msg("Redis unreachable; answering 503 (fail closed)")
 		case a.outcome == outcomeStoreError:
-			lg.Error().Err(err).Hex("key_hash", res.key[:]).Msg("Redis refused the claim; answering 503")
+			res.error().Err(err).Hex("key_hash", res.key[:]).Msg("Redis refused the claim; answering 503")
 		}
 		a.write(w, &res)
 	}
@@ -473,8 +494,12 @@ func (h *Handler) finish(r *http.Request, res *result, start time.Time) {
 	h.metrics.inflight.Dec()
 	h.metrics.countRequest(res.route, res.outcome, res.keySource)
 	h.metrics.count(h.metrics.responses, "responses", res.route, statusText(res.status))
-	ev := hlog.FromRequest(r).Info().
-		Str("method", r.Method).
+	res.arm() // for the final flush, after the handler returns
+	ev := res.info()
+	if !ev.Enabled() {
+		return // (LOG_LEVEL above info: not even the clock is read)
+	}
+	ev = ev.Str("method", r.Method).
 		Str("route", res.route).
 		Int("status", res.status).
 		Str("outcome", res.outcome).
@@ -486,17 +511,16 @@ func (h *Handler) finish(r *http.Request, res *result, start time.Time) {
 		ev = ev.Float64("upstream_ms", res.upstreamMS)
 	}
 	ev.Float64("total_ms", float64(time.Since(start).Microseconds())/1000).Msg("request")
-	res.arm() // for the final flush, after the handler returns
 }
 
 // noteUnknown counts a key that this request found with its lock expired
 // and held as unknown. (A function of its own: the variable errors.As
 // fills escapes, and must not cost an allocation on every request.)
-func (h *Handler) noteUnknown(r *http.Request, err error, res *result) {
+func (h *Handler) noteUnknown(err error, res *result) {
 	var unknown *claim.UnknownError
 	if errors.As(err, &unknown) && unknown.Entered {
 		h.metrics.unknownOutcomes.WithLabelValues(causeLockExpired).Inc()
-		hlog.FromRequest(r).Warn().Hex("key_hash", res.key[:]).
+		res.warn().Hex("key_hash", res.key[:]).
 			Msg("in-flight claim's lock expired without an answer (its proxy stopped, or lost Redis); key held as unknown (ON_UNKNOWN=hold) until an operator purges it")
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/rs/zerolog/hlog"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/claim"
@@ -286,7 +285,6 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	if upSpan != nil {
 		upSpan.End()
 	}
-	lg := hlog.FromRequest(r)
 	switch {
 	case !ex.headersAt.IsZero():
 		res.upstreamMS = float64(ex.headersAt.Sub(start).Microseconds()) / 1000
@@ -297,7 +295,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 
 	if ex.upErr != nil {
 		a := upstreamAnswer(ex.upErr, !ex.left(ex.upErr))
-		lg.Warn().Err(ex.upErr).Hex("key_hash", res.key[:]).Int("status", a.status).Msg("upstream request failed")
+		res.warn().Err(ex.upErr).Hex("key_hash", res.key[:]).Int("status", a.status).Msg("upstream request failed")
 		switch {
 		case a.outcome == outcomeReleased:
 			// The request never left: release, so a retry executes.
@@ -326,7 +324,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	switch {
 	case a.outcome == outcomeReleased:
 		if aborted {
-			lg.Warn().Hex("key_hash", res.key[:]).Msg("upstream 5xx answer broke off mid-body; claim released")
+			res.warn().Hex("key_hash", res.key[:]).Msg("upstream 5xx answer broke off mid-body; claim released")
 		}
 		h.release(r, lease, res)
 	case aborted:
@@ -335,7 +333,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 		// status without the body, as for an answer too large to store, so
 		// that a retry never executes again; then cut the client off, so it
 		// sees the answer was incomplete.
-		lg.Warn().Hex("key_hash", res.key[:]).Int("status", ex.status).
+		res.warn().Hex("key_hash", res.key[:]).Int("status", ex.status).
 			Msg("upstream answer broke off mid-body; recorded without its body")
 		rec := &claim.Record{Status: ex.status, Header: recordableHeader(ex.header), BodyNotStored: true}
 		h.complete(r, lease, rec, pol.TTL, res)
@@ -380,28 +378,27 @@ func (h *Handler) complete(r *http.Request, lease *claim.Lease, rec *claim.Recor
 		rec.Trace = traceRef(r.Context()) // the execution, for its replays' span links
 	}
 	err := lease.Complete(r.Context(), rec, ttl)
-	lg := hlog.FromRequest(r)
 	switch {
 	case err == nil && lease.Recreated:
-		lg.Warn().Hex("key_hash", res.key[:]).
+		res.warn().Hex("key_hash", res.key[:]).
 			Msg("claim's lock had expired (or the claim was lost in a failover, purged, or held as unknown) and nobody had taken it over: answer recorded all the same")
 	case err == nil:
 	case errors.Is(err, claim.ErrNotReplicated):
 		// Written on the master; a failover before it reaches a replica
 		// would lose it. Nothing to retry: the record is there.
-		lg.Warn().Err(err).Hex("key_hash", res.key[:]).Msg("answer recorded but not yet acknowledged by REDIS_WAIT_REPLICAS replicas")
+		res.warn().Err(err).Hex("key_hash", res.key[:]).Msg("answer recorded but not yet acknowledged by REDIS_WAIT_REPLICAS replicas")
 	case errors.Is(err, claim.ErrLost):
 		// Our lock expired and another request took the key over: the fence
 		// kept us from overwriting its record, and the key has now executed
 		// twice. The one hard signal that at-most-once was breached.
 		res.outcome = outcomeLost
 		h.metrics.doubleExecutions.Inc()
-		lg.Error().Hex("key_hash", res.key[:]).
+		res.error().Hex("key_hash", res.key[:]).
 			Msg("claim expired and was taken over before completion: this key executed twice; answer not recorded")
 	default:
 		res.outcome = outcomeStoreError
 		h.metrics.recordFailures.Inc()
-		lg.Error().Err(err).Hex("key_hash", res.key[:]).
+		res.error().Err(err).Hex("key_hash", res.key[:]).
 			Msg("answer returned but not recorded; the key stays in flight until its lock TTL")
 	}
 }
@@ -415,26 +412,25 @@ func (h *Handler) hold(r *http.Request, lease *claim.Lease, status int, ttl time
 		cause = causeUpstreamTimeout
 	}
 	err := lease.Hold(r.Context(), status, ttl)
-	lg := hlog.FromRequest(r)
 	switch {
 	case err == nil && lease.AlreadyUnknown:
 		// A request found our lock expired and held the key, and counted it.
-		lg.Warn().Hex("key_hash", res.key[:]).Int("status", status).
+		res.warn().Hex("key_hash", res.key[:]).Int("status", status).
 			Msg("outcome unknown: key already held (its lock had expired) until an operator purges it")
 	case err == nil || errors.Is(err, claim.ErrNotReplicated):
 		h.metrics.unknownOutcomes.WithLabelValues(cause).Inc()
-		lg.Warn().Err(err).Hex("key_hash", res.key[:]).Int("status", status).
+		res.warn().Err(err).Hex("key_hash", res.key[:]).Int("status", status).
 			Msg("outcome unknown: key held (ON_UNKNOWN=hold) until an operator purges it")
 	case errors.Is(err, claim.ErrLost):
 		res.outcome = outcomeLost
 		h.metrics.doubleExecutions.Inc()
-		lg.Error().Hex("key_hash", res.key[:]).
+		res.error().Hex("key_hash", res.key[:]).
 			Msg("claim expired and was taken over before its outcome was known: this key may have executed twice")
 	default:
 		// The claim stays in flight; when its lock expires the next
 		// request finds it and holds it as unknown all the same.
 		h.metrics.recordFailures.Inc()
-		lg.Error().Err(err).Hex("key_hash", res.key[:]).
+		res.error().Err(err).Hex("key_hash", res.key[:]).
 			Msg("unknown outcome not recorded; the key stays in flight until its lock TTL, then is held as unknown")
 	}
 }
@@ -442,7 +438,7 @@ func (h *Handler) hold(r *http.Request, lease *claim.Lease, status int, ttl time
 // release frees the claim so that a retry executes again.
 func (h *Handler) release(r *http.Request, lease *claim.Lease, res *result) {
 	if err := lease.Release(r.Context()); err != nil && !errors.Is(err, claim.ErrLost) {
-		hlog.FromRequest(r).Error().Err(err).Hex("key_hash", res.key[:]).
+		res.error().Err(err).Hex("key_hash", res.key[:]).
 			Msg("could not release claim; the key stays in flight until its lock TTL")
 	}
 }

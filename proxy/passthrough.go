@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/rs/zerolog/hlog"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -133,9 +132,9 @@ func plainResponse(res *http.Response) error {
 	return nil
 }
 
-// RequestIDHeader carries each answer's request id, which the proxy sets
-// before a request reaches the Handler (the access log's request_id). The
-// Handler keeps it over an upstream's own header of that name.
+// RequestIDHeader carries each answer's request id, which the Handler sets
+// first (the request_id of the request's log lines) and keeps over an
+// upstream's own header of that name.
 const RequestIDHeader = "X-Request-Id"
 
 // proxyHeaders are the headers the proxy itself set on the answer before
@@ -243,8 +242,13 @@ func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // plainError answers a pass-through whose round trip failed.
 func (h *Handler) plainError(w http.ResponseWriter, r *http.Request, err error) {
-	if sw, ok := w.(*statusWriter); ok && sw.body != nil && sw.body.timedOut.Load() {
-		hlog.FromRequest(r).Warn().Err(err).Msg("request body stalled; forward abandoned")
+	sw, ok := w.(*statusWriter) // always: passthrough serves through one
+	logs := &result{log: &h.opts.Logger}
+	if ok {
+		logs = sw.res // the request's id for its log lines
+	}
+	if ok && sw.body != nil && sw.body.timedOut.Load() {
+		logs.warn().Err(err).Msg("request body stalled; forward abandoned")
 		h.bodyTimeout(fmt.Sprintf("The request body stopped arriving for %v.", h.opts.RequestReadTimeout)).write(w, &result{docsLink: h.docsLink})
 		return
 	}
@@ -256,7 +260,7 @@ func (h *Handler) plainError(w http.ResponseWriter, r *http.Request, err error) 
 		err = errUpstreamStalled // a timeout, not the "canceled" the Transport saw
 	}
 	a := upstreamAnswer(err, neverLeft)
-	hlog.FromRequest(r).Warn().Err(err).Int("status", a.status).Msg("upstream request failed")
+	logs.warn().Err(err).Int("status", a.status).Msg("upstream request failed")
 	// The error text stays in the log: it names internal addresses.
 	a.write(w, &result{docsLink: h.docsLink})
 }

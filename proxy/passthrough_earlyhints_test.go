@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-	"github.com/rs/zerolog/hlog"
 
 	"github.com/idemproxy/idemproxy/internal/testutil"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -33,8 +31,8 @@ func TestPassthroughEarlyHintsToStalledClient(t *testing.T) {
 	})
 	var done atomic.Int32
 	e.setUpstream(largeHintsThenCreated(&done))
-	logs := &testutil.SyncBuffer{}
-	srv := smallBufferServer(t, hlog.NewHandler(zerolog.New(logs))(e.h))
+	logs := e.logs
+	srv := smallBufferServer(t, e.h)
 
 	c := dialSmallRcvbuf(t, srv.Listener.Addr().String())
 	defer c.Close()

@@ -8,7 +8,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
-	"github.com/rs/zerolog/hlog"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
@@ -27,7 +26,7 @@ func review14gStringReplica(e *env, opts proxy.Options) *httptest.Server {
 	if err != nil {
 		e.t.Fatalf("proxy.New: %v", err)
 	}
-	srv := httptest.NewServer(hlog.NewHandler(logger)(hlog.RequestIDHandler("request_id", "X-Request-Id")(h)))
+	srv := httptest.NewServer(h)
 	e.t.Cleanup(srv.Close)
 	return srv
 }

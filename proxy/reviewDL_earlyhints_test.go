@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-	"github.com/rs/zerolog/hlog"
 
 	"github.com/idemproxy/idemproxy/proxy"
 )
@@ -72,7 +70,7 @@ func TestReviewDLKeyedEarlyHintsToStalledClientStillRecorded(t *testing.T) {
 	var done atomic.Int32
 	e.setUpstream(largeHintsThenCreated(&done))
 
-	srv := smallBufferServer(t, hlog.NewHandler(zerolog.New(e.logs))(e.h))
+	srv := smallBufferServer(t, e.h)
 
 	c := dialSmallRcvbuf(t, srv.Listener.Addr().String())
 	defer c.Close()

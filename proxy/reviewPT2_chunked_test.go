@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-	"github.com/rs/zerolog/hlog"
 
 	"github.com/idemproxy/idemproxy/proxy"
 )
@@ -42,7 +40,7 @@ func continueAfterLargeHints(t *testing.T, framing, body string) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write(b)
 	})
-	srv := smallBufferServer(t, hlog.NewHandler(zerolog.New(e.logs))(e.h))
+	srv := smallBufferServer(t, e.h)
 
 	c := dialSmallRcvbuf(t, srv.Listener.Addr().String())
 	defer c.Close()

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"github.com/rs/zerolog/hlog"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -43,7 +42,7 @@ func TestProblemAnswersHaveAWriteDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := &http.Server{
-		Handler:           hlog.NewHandler(logger)(h),
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, // as main.go
 		ConnState: func(c net.Conn, s http.ConnState) {
 			mu.Lock()

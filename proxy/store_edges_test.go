@@ -10,7 +10,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
-	"github.com/rs/zerolog/hlog"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -88,7 +87,7 @@ func TestDeploymentsBoundToTheirUpstream(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			srv := httptest.NewServer(hlog.NewHandler(opts.Logger)(h))
+			srv := httptest.NewServer(h)
 			t.Cleanup(srv.Close)
 			return srv
 		}
