@@ -1,6 +1,7 @@
 package main
 
-// Review of issue 14 (withRequestLog). Not introduced by the new middleware:
+// Review of issue 14 (the request id, then set by a middleware in main.go,
+// now by the proxy Handler). Not introduced by that middleware:
 // hlog.RequestIDHandler behaved the same (checked against 3c09fa1's main.go).
 // The id is put on the answer before the handler runs, and everything after
 // treats it as one header among the upstream's: when the upstream sends an

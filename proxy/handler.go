@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 	"github.com/rs/xid"
+	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/claim"
@@ -52,8 +52,10 @@ type Options struct {
 	// writes (Link: <DocsURL>; rel="describedby").
 	DocsURL   string
 	Transport http.RoundTripper // nil: NewTransport() with ResponseHeaderTimeout = UpstreamTimeout
-	// Logger writes the access log and every other line; the lines of a
-	// request carry its request_id.
+	// Logger writes the access log and every other line; the lines the
+	// Handler writes for a request carry its request_id. ReverseProxy's own
+	// lines (ErrorLog: a body copy that failed, say) go to it too, without
+	// one: ReverseProxy logs through one log.Logger for all requests.
 	Logger  zerolog.Logger
 	Metrics *Metrics // nil: metrics are registered nowhere
 	// TracerProvider, when set, traces every request (trace.go); nil: no
@@ -262,8 +264,8 @@ type result struct {
 	requestID string
 	log       *zerolog.Logger
 	route     string
-	outcome string
-	status  int
+	outcome   string
+	status    int
 	// key is the (scope, key) hash once there is one (hasKey): logged as
 	// key_hash, hex-encoded only when a line is written.
 	key        claim.Key

@@ -316,6 +316,9 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 		default:
 			a.detail = a.title + ". The request may have been executed; retries with this key get 409 until the claim expires."
 		}
+		// After a relayed 1xx, ReverseProxy has cleared the header map: the
+		// problem still names its request and echoes the key.
+		ex.keep.restore(w.Header())
 		a.write(w, res)
 		return
 	}

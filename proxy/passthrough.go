@@ -129,6 +129,12 @@ func plainResponse(res *http.Response) error {
 	if wd, ok := res.Request.Context().Value(watchdogKey{}).(*watchdog); ok {
 		wd.stop()
 	}
+	if res.StatusCode == http.StatusSwitchingProtocols {
+		// ReverseProxy writes a 101 itself, with the upstream's headers
+		// added to the proxy's (never through statusWriter, which keeps the
+		// proxy's id over the upstream's): the answer must not carry two.
+		res.Header.Del(RequestIDHeader)
+	}
 	return nil
 }
 

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/idemproxy/idemproxy/internal/testutil"
 	"github.com/idemproxy/idemproxy/proxy"
 )
