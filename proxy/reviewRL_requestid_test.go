@@ -72,8 +72,7 @@ func TestReviewRLKeyedEarlyHintsThenFailureKeepsRequestID(t *testing.T) {
 		}
 		fmt.Fprint(brw, "HTTP/1.1 103 Early Hints\r\nLink: </app.css>; rel=preload\r\n\r\n")
 		_ = brw.Flush()
-		time.Sleep(50 * time.Millisecond)
-		conn.Close() // no final answer
+		conn.Close() // no final answer: the 103 is read first, then EOF
 	})
 	r := e.do(req{key: "rl-hints-1", body: `{"amount":1}`})
 	if r.StatusCode < 500 {
@@ -106,6 +105,7 @@ func TestReviewRLUpgradeReplacesUpstreamRequestID(t *testing.T) {
 			return
 		}
 		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
 		fmt.Fprint(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nX-Request-Id: upstream-id\r\n\r\n")
 		_ = brw.Flush()
 		_, _ = brw.ReadString('\n')
