@@ -260,7 +260,7 @@ func hideIdempotencyKey(h http.Header) {
 // result is what the access log and the metrics learn about one request.
 type result struct {
 	// requestID is sent as X-Request-Id and logged as request_id on every
-	// line of the request (see logs).
+	// line of the request (info, warn, error).
 	requestID string
 	log       *zerolog.Logger
 	route     string

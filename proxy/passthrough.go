@@ -249,11 +249,11 @@ func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 // plainError answers a pass-through whose round trip failed.
 func (h *Handler) plainError(w http.ResponseWriter, r *http.Request, err error) {
 	sw, ok := w.(*statusWriter) // always: passthrough serves through one
-	logs := &result{log: &h.opts.Logger}
-	if ok {
-		logs = sw.res // the request's id for its log lines
+	if !ok {
+		sw = &statusWriter{res: &result{log: &h.opts.Logger}}
 	}
-	if ok && sw.body != nil && sw.body.timedOut.Load() {
+	logs := sw.res // the request's id for its log lines
+	if sw.body != nil && sw.body.timedOut.Load() {
 		logs.warn().Err(err).Msg("request body stalled; forward abandoned")
 		h.bodyTimeout(fmt.Sprintf("The request body stopped arriving for %v.", h.opts.RequestReadTimeout)).write(w, &result{docsLink: h.docsLink})
 		return

@@ -5,10 +5,17 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/testutil"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -102,7 +109,7 @@ func TestRequestIDOnEveryAnswerAndLogLine(t *testing.T) {
 		if accessLines[s.name] != 1 {
 			t.Errorf("%s: %d access-log lines with its request_id, want 1", s.name, accessLines[s.name])
 		}
-		if s.line != "" && !contains(otherLines[s.name], s.line) {
+		if s.line != "" && !slices.Contains(otherLines[s.name], s.line) {
 			t.Errorf("%s: no %q line with its request_id (lines: %q)", s.name, s.line, otherLines[s.name])
 		}
 	}
@@ -111,11 +118,46 @@ func TestRequestIDOnEveryAnswerAndLogLine(t *testing.T) {
 	}
 }
 
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
+// TestRequestAboveInfoLevel: with LOG_LEVEL=warn the access-log line is not
+// written (finish returns before building it), but the request is still
+// counted, its answer still carries its id, and its warnings still carry
+// that id as request_id.
+func TestRequestAboveInfoLevel(t *testing.T) {
+	e := newEnv(t, miniBackend, nil)
+	logs := &testutil.SyncBuffer{}
+	reg := prometheus.NewRegistry()
+	opts := e.opts
+	opts.Logger = zerolog.New(logs).Level(zerolog.WarnLevel)
+	opts.Metrics = proxy.NewMetrics(reg)
+	h, err := proxy.New(claim.NewStore(e.rdb, "idem:", opts.Metrics.ObserveScript), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+
+	for range 2 {
+		if r := e.doTo(srv, req{key: "warn-1", body: "b"}); r.StatusCode != http.StatusCreated || len(r.Header.Values(proxy.RequestIDHeader)) != 1 {
+			t.Fatalf("status %d, X-Request-Id %q", r.StatusCode, r.Header.Values(proxy.RequestIDHeader))
 		}
 	}
-	return false
+	if got := counter(t, reg, "idemproxy_requests_total", map[string]string{"outcome": "replayed"}); got != 1 {
+		t.Errorf("replayed requests counted %v, want 1", got)
+	}
+	if got := counter(t, reg, "idemproxy_responses_total", map[string]string{"code": "201"}); got != 2 {
+		t.Errorf("201 responses counted %v, want 2", got)
+	}
+	if strings.Contains(logs.String(), `"message":"request"`) {
+		t.Errorf("an access-log line at LOG_LEVEL=warn:\n%s", logs)
+	}
+
+	e.setUpstream(func(w http.ResponseWriter, r *http.Request) { panic(http.ErrAbortHandler) })
+	r := e.doTo(srv, req{method: http.MethodGet})
+	if r.StatusCode != http.StatusBadGateway {
+		t.Fatalf("failed pass-through: status %d, want 502", r.StatusCode)
+	}
+	id := r.Header.Get(proxy.RequestIDHeader)
+	if !strings.Contains(logs.String(), `"request_id":"`+id+`"`) || !strings.Contains(logs.String(), "upstream request failed") {
+		t.Errorf("the failed pass-through's warning does not carry its request_id %q:\n%s", id, logs)
+	}
 }
