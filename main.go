@@ -72,9 +72,18 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
-	a, err := start(cfg, newLogger(cfg, stdout))
+	out := stdout
+	if cfg.LogFormat == "json" {
+		lb := newLogBuffer(stdout, logFlushEvery, logBufferSize)
+		defer lb.Close()
+		out = lb
+	}
+	a, err := start(cfg, newLogger(cfg, out))
 	if err != nil {
 		return err
+	}
+	if lb, ok := out.(*logBuffer); ok {
+		_ = lb.Flush() // the start line at once, not after logFlushEvery
 	}
 	select {
 	case <-ctx.Done():

@@ -1,0 +1,295 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testutil"
+	"github.com/rs/zerolog"
+)
+
+// writes records each Write call separately.
+type writes struct {
+	mu    sync.Mutex
+	calls []string
+	err   error
+}
+
+func (w *writes) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err != nil {
+		return 0, w.err
+	}
+	w.calls = append(w.calls, string(p))
+	return len(p), nil
+}
+
+func (w *writes) get() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.calls...)
+}
+
+// waitWrites polls until w has n write calls, at most 5s.
+func waitWrites(t *testing.T, w *writes, n int) []string {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := w.get()
+		if len(got) >= n || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestLogBufferGathersInfoLinesAndWritesWarnAtOnce(t *testing.T) {
+	w := &writes{}
+	b := newLogBuffer(w, time.Hour, 1<<20) // neither the timer nor the size flushes
+	l := zerolog.New(b)
+	l.Info().Int("n", 1).Msg("request")
+	l.Debug().Int("n", 2).Msg("request")
+	if got := w.get(); len(got) != 0 {
+		t.Fatalf("info and debug lines were written at once: %q", got)
+	}
+	l.Warn().Int("n", 3).Msg("upstream request failed")
+	got := w.get()
+	if len(got) != 1 {
+		t.Fatalf("after a warning: %d writes %q, want the gathered lines and the warning in one", len(got), got)
+	}
+	lines := strings.Split(strings.TrimSuffix(got[0], "\n"), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], `"n":1`) || !strings.Contains(lines[1], `"n":2`) || !strings.Contains(lines[2], `"n":3`) {
+		t.Fatalf("written: %q, want lines n=1, 2, 3 in that order", got[0])
+	}
+	// A warning with nothing gathered, and a line without a level, go at once.
+	l.Error().Int("n", 4).Msg("x")
+	l.Log().Int("n", 5).Msg("x")
+	if got := w.get(); len(got) != 3 || !strings.Contains(got[1], `"n":4`) || !strings.Contains(got[2], `"n":5`) {
+		t.Fatalf("writes: %q, want an error line and a line without a level each written at once", got)
+	}
+}
+
+func TestLogBufferFlushesWhenFull(t *testing.T) {
+	w := &writes{}
+	b := newLogBuffer(w, time.Hour, 256)
+	l := zerolog.New(b)
+	n := 0
+	for len(w.get()) == 0 && n < 100 {
+		n++
+		l.Info().Int("n", n).Str("pad", strings.Repeat("x", 40)).Msg("request")
+	}
+	got := w.get()
+	if len(got) != 1 || len(got[0]) < 256 || strings.Count(got[0], "\n") != n {
+		t.Fatalf("after %d lines: writes %q, want one of at least 256 bytes holding all %d", n, got, n)
+	}
+	if n < 2 {
+		t.Fatalf("the first line was written at once")
+	}
+}
+
+func TestLogBufferFlushesAfterInterval(t *testing.T) {
+	w := &writes{}
+	b := newLogBuffer(w, 10*time.Millisecond, 1<<20)
+	l := zerolog.New(b)
+	for i := 1; i <= 3; i++ { // each round re-arms the timer after the last flush
+		l.Info().Int("n", i).Msg("request")
+		got := waitWrites(t, w, i)
+		if len(got) != i || !strings.Contains(got[i-1], fmt.Sprintf(`"n":%d`, i)) {
+			t.Fatalf("round %d: writes %q, want the line written by the timer", i, got)
+		}
+	}
+}
+
+func TestLogBufferCloseWritesTheRest(t *testing.T) {
+	w := &writes{}
+	b := newLogBuffer(w, time.Hour, 1<<20)
+	l := zerolog.New(b)
+	l.Info().Msg("shut down cleanly")
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.get(); len(got) != 1 || !strings.Contains(got[0], "shut down cleanly") {
+		t.Fatalf("after Close: writes %q, want the gathered line", got)
+	}
+	l.Info().Msg("late")
+	if got := w.get(); len(got) != 2 || !strings.Contains(got[1], "late") {
+		t.Fatalf("a line after Close: writes %q, want it written at once", got)
+	}
+}
+
+// TestLogBufferConcurrentWriters: lines from many goroutines, of every
+// level, through every kind of flush, each come out once, whole, and in
+// each writer's order.
+func TestLogBufferConcurrentWriters(t *testing.T) {
+	w := &writes{}
+	b := newLogBuffer(w, time.Millisecond, 512)
+	l := zerolog.New(b)
+	const writers, each = 8, 400
+	var wg sync.WaitGroup
+	for g := range writers {
+		wg.Go(func() {
+			for i := range each {
+				ev := l.Info()
+				switch i % 7 {
+				case 3:
+					ev = l.Warn()
+				case 5:
+					ev = l.Debug()
+				}
+				ev.Int("g", g).Int("i", i).Msg("line")
+			}
+		})
+	}
+	wg.Wait()
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	next := make([]int, writers)
+	for _, line := range strings.Split(strings.TrimSuffix(strings.Join(w.get(), ""), "\n"), "\n") {
+		var e struct{ G, I int }
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		if e.I != next[e.G] {
+			t.Fatalf("writer %d: line %d after %d, want each writer's lines once and in order", e.G, e.I, next[e.G]-1)
+		}
+		next[e.G]++
+	}
+	for g, n := range next {
+		if n != each {
+			t.Errorf("writer %d: %d lines out, want %d", g, n, each)
+		}
+	}
+}
+
+func TestLogBufferWriteErrors(t *testing.T) {
+	w := &writes{err: errors.New("broken pipe")}
+	b := newLogBuffer(w, 10*time.Millisecond, 1<<20)
+	l := zerolog.New(b)
+	var mu sync.Mutex
+	var reported []error
+	old := zerolog.ErrorHandler
+	zerolog.ErrorHandler = func(err error) { mu.Lock(); reported = append(reported, err); mu.Unlock() }
+	defer func() { zerolog.ErrorHandler = old }()
+
+	// A warning's failed write reaches zerolog, which reports it.
+	l.Warn().Msg("x")
+	// A timer flush's failed write is reported the same way.
+	l.Info().Msg("y")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := len(reported)
+		mu.Unlock()
+		if n >= 2 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reported) != 2 {
+		t.Fatalf("reported %v, want the warning's and the timer flush's write errors", reported)
+	}
+	for _, err := range reported {
+		if !strings.Contains(err.Error(), "broken pipe") {
+			t.Errorf("reported %v, want it to name the write error", err)
+		}
+	}
+}
+
+// TestRunWritesEveryLogLineBeforeReturning: the access lines and the last
+// shutdown line are on stdout when run returns, not a flush interval later.
+func TestRunWritesEveryLogLineBeforeReturning(t *testing.T) {
+	up := newUpstream(t)
+	listen := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
+	admin := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
+	env := []string{"UPSTREAM_URL=" + up.URL, "LISTEN_ADDR=" + listen, "ADMIN_ADDR=" + admin, "LOG_LEVEL=info",
+		"UPSTREAM_TIMEOUT=5s", "REQUEST_READ_TIMEOUT=1s", "SHUTDOWN_TIMEOUT=22s"}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr testutil.SyncBuffer
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"idemproxy"}, env, &stdout, &stderr) }()
+	c := newClient(t)
+	waitStatus(t, c, "http://"+admin+"/readyz", http.StatusOK, 10*time.Second)
+	const n = 5
+	for i := range n {
+		if r := mustPost(t, c, "http://"+listen+"/v1/orders", "logbuf-"+strconv.Itoa(i), `{"n":1}`); r.status != http.StatusCreated {
+			t.Fatalf("POST %d: got %v, want %v", i, r.status, http.StatusCreated)
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run after cancel: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("run did not return within 10s of ctx cancel")
+	}
+	out := stdout.String()
+	if got := strings.Count(out, `"message":"request"`); got != n {
+		t.Errorf("access lines on stdout when run returned: %d, want %d:\n%s", got, n, out)
+	}
+	if !strings.HasSuffix(strings.TrimSpace(out), `"message":"shut down cleanly"}`) {
+		t.Errorf("stdout does not end with the shutdown line:\n%s", out)
+	}
+}
+
+// BenchmarkAccessLine: one access-log line, as finish writes it, straight
+// and through a logBuffer, to a file (as make bench's info phase sends
+// stdout) and to a pipe that a reader drains (as a container's stdout).
+func BenchmarkAccessLine(b *testing.B) {
+	for _, sink := range []string{"file", "pipe"} {
+		for _, buffered := range []bool{false, true} {
+			name := sink + "/" + map[bool]string{false: "direct", true: "buffered"}[buffered]
+			b.Run(name, func(b *testing.B) {
+				var f *os.File
+				var err error
+				if sink == "file" {
+					f, err = os.Create(filepath.Join(b.TempDir(), "log"))
+				} else {
+					var r *os.File
+					r, f, err = os.Pipe()
+					if err == nil {
+						drained := make(chan struct{})
+						go func() { _, _ = io.Copy(io.Discard, r); close(drained) }()
+						defer func() { <-drained; r.Close() }()
+					}
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer f.Close()
+				var out io.Writer = f
+				if buffered {
+					lb := newLogBuffer(f, logFlushEvery, logBufferSize)
+					defer lb.Close()
+					out = lb
+				}
+				l := zerolog.New(out).With().Timestamp().Logger()
+				key := make([]byte, 32)
+				b.ReportAllocs()
+				for b.Loop() {
+					l.Info().Str("request_id", "d4j0a1e8l9k5m2n3o4p5").Str("method", "POST").Str("route", "POST /v1/orders").
+						Int("status", 201).Str("outcome", "executed").Str("key_source", "header").Hex("key_hash", key).
+						Float64("upstream_ms", 0.412).Float64("total_ms", 0.731).Msg("request")
+				}
+			})
+		}
+	}
+}
