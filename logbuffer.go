@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -10,23 +11,35 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// Lines at info and below wait in a logBuffer at most this long, or until
-// it holds this many bytes.
+// Lines at info and below wait in a logBuffer about this long (the timer's
+// goroutine must get the CPU), or until it holds this many bytes.
 const (
 	logFlushEvery = 100 * time.Millisecond
 	logBufferSize = 64 << 10
 )
 
+// pipeBuf is the most a write(2) to a pipe may carry and stay atomic
+// (PIPE_BUF on Linux).
+const pipeBuf = 4096
+
 // logBuffer gathers the JSON log's lines at info and below (the access log)
-// and writes them in one write, at most logFlushEvery after the first of
-// them: at LOG_LEVEL=info every request writes a line, and a write(2) per
-// line was a third of that line's cost (issue 14). A line at warn or above,
-// or without a level, is written at once, after the lines gathered before
-// it, so that what needs attention does not wait and the order holds.
+// and writes them together, about logFlushEvery after the first of them:
+// at LOG_LEVEL=info every request writes a line, and a write(2) per line
+// was nearly all that line cost (issue 14). A line at warn or above, or
+// without a level, is written at once, after the lines gathered before it,
+// so that what needs attention does not wait and the order holds.
+//
+// Each write holds whole lines and at most pipeBuf bytes (a longer line
+// goes alone), so that it stays atomic on a pipe that another process
+// writes to as well (a tty, stderr sent to stdout), as a line was when
+// written on its own.
 //
 // A write that blocks (a stalled log reader) blocks the next lines' writers
-// as an unbuffered log would: lines are never dropped. What a crash loses is
-// at most logFlushEvery of info lines; a shutdown calls Close.
+// as an unbuffered log would. A write that fails keeps what it did not write
+// for the next one, up to 2×size; beyond that the oldest lines are dropped.
+// Every failure is returned, or reported as zerolog reports one. What a
+// crash loses is the lines gathered since the last write; a shutdown calls
+// Close.
 type logBuffer struct {
 	out   io.Writer
 	every time.Duration
@@ -77,39 +90,82 @@ func (b *logBuffer) Flush() error {
 	return b.flushLocked()
 }
 
-// Close writes the gathered lines; later lines are written at once.
+// Close writes the gathered lines; later lines are written at once. Lines
+// that its write fails to take are not tried again.
 func (b *logBuffer) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.closed = true
-	return b.flushLocked()
+	err := b.flushLocked()
+	b.timer.Stop()
+	b.buf = nil
+	return err
 }
 
 func (b *logBuffer) flushLocked() error {
 	b.timer.Stop()
-	if len(b.buf) == 0 {
-		return nil
+	var off int
+	var err error
+	for off < len(b.buf) && err == nil {
+		c := chunk(b.buf[off:])
+		var n int
+		n, err = b.out.Write(b.buf[off : off+c])
+		off += min(max(n, 0), c) // a Writer that claims more must not cut the buffer
 	}
-	_, err := b.out.Write(b.buf)
-	if cap(b.buf) > 2*b.size {
-		b.buf = nil // one long line must not keep its memory
-	} else {
-		b.buf = b.buf[:0]
-	}
+	b.buf = b.buf[:copy(b.buf, b.buf[off:])]
 	if err != nil {
+		if len(b.buf) > 2*b.size {
+			b.buf = b.buf[:copy(b.buf, b.buf[dropTo(b.buf, len(b.buf)-2*b.size):])]
+		}
+		if len(b.buf) > 0 {
+			b.timer.Reset(b.every) // the kept lines are tried again
+		}
 		return fmt.Errorf("write log: %w", err)
+	}
+	if cap(b.buf) > 4*b.size {
+		b.buf = nil // a burst of long lines must not keep its memory
 	}
 	return nil
 }
 
+// chunk is how much of buf one write takes: whole lines, at most pipeBuf
+// bytes, or one longer line alone.
+func chunk(buf []byte) int {
+	if len(buf) <= pipeBuf {
+		return len(buf)
+	}
+	if i := bytes.LastIndexByte(buf[:pipeBuf], '\n'); i >= 0 {
+		return i + 1
+	}
+	if i := bytes.IndexByte(buf, '\n'); i >= 0 {
+		return i + 1
+	}
+	return len(buf)
+}
+
+// dropTo is where buf starts once at least n of its bytes are dropped: at
+// the beginning of a line.
+func dropTo(buf []byte, n int) int {
+	if i := bytes.IndexByte(buf[n:], '\n'); i >= 0 {
+		return n + i + 1
+	}
+	return len(buf)
+}
+
 // flushTimer runs on the timer's goroutine, where no writer waits for the
-// error: it is reported as zerolog reports a failed write.
+// error.
 func (b *logBuffer) flushTimer() {
-	if err := b.Flush(); err != nil {
-		if zerolog.ErrorHandler != nil {
-			zerolog.ErrorHandler(err)
-		} else {
-			fmt.Fprintf(os.Stderr, "zerolog: could not write event: %v\n", err)
-		}
+	reportLogError(b.Flush())
+}
+
+// reportLogError reports a failed log write as zerolog reports one.
+func reportLogError(err error) {
+	if err == nil {
+		return
+	}
+	if zerolog.ErrorHandler != nil {
+		zerolog.ErrorHandler(err)
+	} else {
+		fmt.Fprintf(os.Stderr, "zerolog: could not write event: %v\n", err)
 	}
 }

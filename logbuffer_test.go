@@ -181,33 +181,131 @@ func TestLogBufferWriteErrors(t *testing.T) {
 	l := zerolog.New(b)
 	var mu sync.Mutex
 	var reported []error
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(reported) }
 	old := zerolog.ErrorHandler
 	zerolog.ErrorHandler = func(err error) { mu.Lock(); reported = append(reported, err); mu.Unlock() }
 	defer func() { zerolog.ErrorHandler = old }()
 
 	// A warning's failed write reaches zerolog, which reports it.
 	l.Warn().Msg("x")
-	// A timer flush's failed write is reported the same way.
+	if n := count(); n != 1 {
+		t.Fatalf("after a failed warning: %d reports, want 1", n)
+	}
+	// A timer flush's failed write is reported the same way, and tried
+	// again while it fails.
 	l.Info().Msg("y")
 	deadline := time.Now().Add(5 * time.Second)
-	for {
-		mu.Lock()
-		n := len(reported)
-		mu.Unlock()
-		if n >= 2 || time.Now().After(deadline) {
-			break
-		}
+	for count() < 3 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(reported) != 2 {
-		t.Fatalf("reported %v, want the warning's and the timer flush's write errors", reported)
+	if n := count(); n < 3 {
+		t.Fatalf("%d reports, want the warning's and at least two timer flushes'", n)
 	}
+	if err := b.Close(); err == nil {
+		t.Errorf("Close: nil error, want the failed write's")
+	}
+	mu.Lock()
 	for _, err := range reported {
 		if !strings.Contains(err.Error(), "broken pipe") {
 			t.Errorf("reported %v, want it to name the write error", err)
 		}
+	}
+	mu.Unlock()
+	// After Close nothing is tried again (a timer left running would report
+	// every 10ms).
+	n := count()
+	time.Sleep(50 * time.Millisecond)
+	if m := count(); m != n {
+		t.Errorf("%d reports after Close, want none", m-n)
+	}
+}
+
+// TestLogBufferKeepsWhatAFailedWriteDidNotTake: a write that fails (a full
+// disk, then space freed) loses nothing; a writer that keeps failing holds
+// at most twice the buffer's size, dropping the oldest lines whole.
+func TestLogBufferKeepsWhatAFailedWriteDidNotTake(t *testing.T) {
+	old := zerolog.ErrorHandler
+	zerolog.ErrorHandler = func(error) {}
+	defer func() { zerolog.ErrorHandler = old }()
+
+	w := &writes{err: errors.New("no space left on device")}
+	const size = 1024
+	b := newLogBuffer(w, time.Hour, size)
+	l := zerolog.New(b)
+	const n = 200 // about 30 bytes each: several times 2×size
+	for i := range n {
+		l.Info().Int("i", i).Msg("r")
+		b.mu.Lock()
+		held := len(b.buf)
+		b.mu.Unlock()
+		if held > 2*size+64 {
+			t.Fatalf("line %d: %d bytes held, want at most 2×size and a line", i, held)
+		}
+	}
+	w.mu.Lock()
+	w.err = nil // space freed
+	w.mu.Unlock()
+	l.Warn().Msg("now")
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(strings.Join(w.get(), ""), "\n"), "\n")
+	if last := lines[len(lines)-1]; !strings.Contains(last, `"message":"now"`) {
+		t.Fatalf("last line %q, want the warning", last)
+	}
+	prev := -1
+	for _, line := range lines[:len(lines)-1] {
+		var e struct{ I int }
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("line %q: %v (a line cut when the oldest were dropped?)", line, err)
+		}
+		if prev >= 0 && e.I != prev+1 {
+			t.Fatalf("line %d after %d: the kept lines must be the newest, in order, none missing", e.I, prev)
+		}
+		prev = e.I
+	}
+	if prev != n-1 || len(lines) < 2*size/40 {
+		t.Fatalf("kept %d lines ending at %d, want the newest (up to 2×size) ending at %d", len(lines)-1, prev, n-1)
+	}
+}
+
+// TestLogBufferWritesAtomicChunks: each write holds whole lines and at most
+// pipeBuf bytes, so that it stays atomic on a shared pipe; a longer line
+// goes alone and whole.
+func TestLogBufferWritesAtomicChunks(t *testing.T) {
+	w := &writes{}
+	b := newLogBuffer(w, time.Hour, 1<<20)
+	l := zerolog.New(b)
+	for i := range 300 {
+		l.Info().Int("i", i).Str("pad", strings.Repeat("x", i%90)).Msg("r")
+		if i == 150 {
+			l.Info().Str("long", strings.Repeat("y", 3*pipeBuf)).Msg("r")
+		}
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	calls := w.get()
+	if len(calls) < 2 {
+		t.Fatalf("%d writes, want the lines in several", len(calls))
+	}
+	var long int
+	for _, c := range calls {
+		if !strings.HasSuffix(c, "\n") {
+			t.Fatalf("a write ends inside a line: ...%q", c[max(0, len(c)-40):])
+		}
+		if len(c) > pipeBuf {
+			long++
+			if strings.Count(c, "\n") != 1 {
+				t.Fatalf("a write of %d bytes holds %d lines, want only the one long line", len(c), strings.Count(c, "\n"))
+			}
+		}
+	}
+	if long != 1 {
+		t.Fatalf("%d writes over pipeBuf, want 1 (the long line)", long)
+	}
+	if got := strings.Count(strings.Join(calls, ""), "\n"); got != 301 {
+		t.Fatalf("%d lines written, want 301", got)
 	}
 }
 

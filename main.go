@@ -75,7 +75,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	out := stdout
 	if cfg.LogFormat == "json" {
 		lb := newLogBuffer(stdout, logFlushEvery, logBufferSize)
-		defer lb.Close()
+		defer func() { reportLogError(lb.Close()) }()
 		out = lb
 	}
 	a, err := start(cfg, newLogger(cfg, out))
@@ -83,7 +83,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if lb, ok := out.(*logBuffer); ok {
-		_ = lb.Flush() // the start line at once, not after logFlushEvery
+		reportLogError(lb.Flush()) // the start line at once, not after logFlushEvery
 	}
 	select {
 	case <-ctx.Done():
