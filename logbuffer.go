@@ -35,20 +35,23 @@ const pipeBuf = 4096
 // written on its own.
 //
 // A write that blocks (a stalled log reader) blocks the next lines' writers
-// as an unbuffered log would. A write that fails keeps what it did not write
-// for the next one, up to 2×size; beyond that the oldest lines are dropped.
-// Every failure is returned, or reported as zerolog reports one. What a
-// crash loses is the lines gathered since the last write; a shutdown calls
-// Close.
+// as an unbuffered log would. A write that fails keeps what it did not
+// write, and the timer tries again (a warning tries at once); while it
+// fails, past 2×size the oldest lines are dropped, down to size. Every
+// failure is returned, or reported as zerolog reports one. What a crash
+// loses is the lines gathered since the last write; a shutdown calls Close,
+// and lines after it are written at once and not kept.
 type logBuffer struct {
 	out   io.Writer
 	every time.Duration
 	size  int
 
-	mu     sync.Mutex
-	buf    []byte
-	timer  *time.Timer // armed while buf holds lines
-	closed bool
+	mu      sync.Mutex
+	buf     []byte
+	timer   *time.Timer // armed while buf holds lines
+	failing bool        // the last write failed: the timer retries, not each line
+	midLine bool        // buf starts with the rest of a line whose beginning was written
+	closed  bool
 }
 
 func newLogBuffer(out io.Writer, every time.Duration, size int) *logBuffer {
@@ -64,21 +67,25 @@ func (b *logBuffer) Write(p []byte) (int, error) {
 }
 
 // WriteLevel is what zerolog calls for each line. p is reused by zerolog
-// once it returns, so a gathered line is copied.
+// once it returns, so the line is copied; a line written at once goes
+// through the buffer too, so that a failed write keeps it as well.
 func (b *logBuffer) WriteLevel(level zerolog.Level, p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.closed || (level >= zerolog.WarnLevel && len(b.buf) == 0) {
+	if b.closed {
 		return b.out.Write(p)
 	}
 	if len(b.buf) == 0 {
 		b.timer.Reset(b.every)
 	}
 	b.buf = append(b.buf, p...)
-	if level >= zerolog.WarnLevel || len(b.buf) >= b.size {
+	switch {
+	case level >= zerolog.WarnLevel, len(b.buf) >= b.size && !b.failing:
 		if err := b.flushLocked(); err != nil {
 			return 0, err
 		}
+	case len(b.buf) > 2*b.size: // the writer fails; the timer tries again
+		b.dropLocked()
 	}
 	return len(p), nil
 }
@@ -110,12 +117,20 @@ func (b *logBuffer) flushLocked() error {
 		c := chunk(b.buf[off:])
 		var n int
 		n, err = b.out.Write(b.buf[off : off+c])
-		off += min(max(n, 0), c) // a Writer that claims more must not cut the buffer
+		n = min(max(n, 0), c) // a Writer that claims more must not cut the buffer
+		if err == nil && n < c {
+			err = io.ErrShortWrite // as bufio.Writer: never spin on a Writer that takes nothing
+		}
+		off += n
+	}
+	if off > 0 {
+		b.midLine = b.buf[off-1] != '\n'
 	}
 	b.buf = b.buf[:copy(b.buf, b.buf[off:])]
+	b.failing = err != nil
 	if err != nil {
 		if len(b.buf) > 2*b.size {
-			b.buf = b.buf[:copy(b.buf, b.buf[dropTo(b.buf, len(b.buf)-2*b.size):])]
+			b.dropLocked()
 		}
 		if len(b.buf) > 0 {
 			b.timer.Reset(b.every) // the kept lines are tried again
@@ -126,6 +141,21 @@ func (b *logBuffer) flushLocked() error {
 		b.buf = nil // a burst of long lines must not keep its memory
 	}
 	return nil
+}
+
+// dropLocked drops the oldest whole lines, down to size bytes, while the
+// writer fails (it runs past 2×size, so the copy is paid once per size
+// bytes of new lines, not on every line). The rest of a line whose
+// beginning was written stays, so that the line comes out whole.
+func (b *logBuffer) dropLocked() {
+	keep := 0
+	if b.midLine {
+		if keep = bytes.IndexByte(b.buf, '\n') + 1; keep == 0 {
+			return // all of it is that line's rest
+		}
+	}
+	from := lineStart(b.buf, max(keep, len(b.buf)-b.size))
+	b.buf = b.buf[:keep+copy(b.buf[keep:], b.buf[from:])]
 }
 
 // chunk is how much of buf one write takes: whole lines, at most pipeBuf
@@ -143,9 +173,12 @@ func chunk(buf []byte) int {
 	return len(buf)
 }
 
-// dropTo is where buf starts once at least n of its bytes are dropped: at
-// the beginning of a line.
-func dropTo(buf []byte, n int) int {
+// lineStart is where the first line that starts at or after n starts
+// (len(buf) if none).
+func lineStart(buf []byte, n int) int {
+	if n == 0 || buf[n-1] == '\n' {
+		return n
+	}
 	if i := bytes.IndexByte(buf[n:], '\n'); i >= 0 {
 		return n + i + 1
 	}
