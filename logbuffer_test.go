@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/internal/testutil"
 	"github.com/rs/zerolog"
 )
@@ -329,32 +327,17 @@ func TestLogBufferWritesAtomicChunks(t *testing.T) {
 // TestRunWritesEveryLogLineBeforeReturning: the access lines and the last
 // shutdown line are on stdout when run returns, not a flush interval later.
 func TestRunWritesEveryLogLineBeforeReturning(t *testing.T) {
-	up := newUpstream(t)
-	listen := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
-	admin := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
-	env := []string{"UPSTREAM_URL=" + up.URL, "LISTEN_ADDR=" + listen, "ADMIN_ADDR=" + admin, "LOG_LEVEL=info",
-		"UPSTREAM_TIMEOUT=5s", "REQUEST_READ_TIMEOUT=1s", "SHUTDOWN_TIMEOUT=22s"}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr testutil.SyncBuffer
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"idemproxy"}, env, &stdout, &stderr) }()
+	var stdout testutil.SyncBuffer
+	p := startRun(t, &stdout, "LOG_LEVEL=info")
 	c := newClient(t)
-	waitStatus(t, c, "http://"+admin+"/readyz", http.StatusOK, 10*time.Second)
 	const n = 5
 	for i := range n {
-		if r := mustPost(t, c, "http://"+listen+"/v1/orders", "logbuf-"+strconv.Itoa(i), `{"n":1}`); r.status != http.StatusCreated {
+		if r := mustPost(t, c, "http://"+p.listen+"/v1/orders", "logbuf-"+strconv.Itoa(i), `{"n":1}`); r.status != http.StatusCreated {
 			t.Fatalf("POST %d: got %v, want %v", i, r.status, http.StatusCreated)
 		}
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("run after cancel: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("run did not return within 10s of ctx cancel")
+	if err := p.stop(); err != nil {
+		t.Fatalf("run after cancel: %v", err)
 	}
 	out := stdout.String()
 	if got := strings.Count(out, `"message":"request"`); got != n {

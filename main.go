@@ -73,8 +73,9 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return err
 	}
 	out := stdout
+	var lb *logBuffer
 	if cfg.LogFormat == "json" {
-		lb := newLogBuffer(stdout, logFlushEvery, logBufferSize)
+		lb = newLogBuffer(stdout, logFlushEvery, logBufferSize)
 		defer func() { reportLogError(lb.Close()) }()
 		out = lb
 	}
@@ -82,7 +83,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
-	if lb, ok := out.(*logBuffer); ok {
+	if lb != nil {
 		reportLogError(lb.Flush()) // the start line at once, not after logFlushEvery
 	}
 	select {

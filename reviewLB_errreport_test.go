@@ -7,19 +7,12 @@ package main
 // Close (the shutdown lines): those lines are lost and nothing says so.
 
 import (
-	"context"
 	"errors"
-	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/rs/zerolog"
-
-	"github.com/idemproxy/idemproxy/internal/redistest"
-	"github.com/idemproxy/idemproxy/internal/testutil"
 )
 
 // failingOut fails every write and remembers what it was asked to write.
@@ -48,24 +41,9 @@ func TestReviewLBRunReportsEveryFailedLogWrite(t *testing.T) {
 	zerolog.ErrorHandler = func(err error) { mu.Lock(); reported = append(reported, err); mu.Unlock() }
 	defer func() { zerolog.ErrorHandler = old }()
 
-	up := newUpstream(t)
-	listen := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
-	admin := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
-	env := []string{"UPSTREAM_URL=" + up.URL, "LISTEN_ADDR=" + listen, "ADMIN_ADDR=" + admin, "LOG_LEVEL=info",
-		"UPSTREAM_TIMEOUT=5s", "REQUEST_READ_TIMEOUT=1s", "SHUTDOWN_TIMEOUT=22s"}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	out := &failingOut{}
-	var stderr testutil.SyncBuffer
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"idemproxy"}, env, out, &stderr) }()
-	waitStatus(t, newClient(t), "http://"+admin+"/readyz", http.StatusOK, 10*time.Second)
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("run did not return within 10s of ctx cancel")
-	}
+	p := startRun(t, out, "LOG_LEVEL=info")
+	_ = p.stop() // run's own error is not the point: what was reported is
 
 	mu.Lock()
 	nReported := len(reported)
