@@ -9,6 +9,10 @@ import (
 	"github.com/idemproxy/idemproxy/claim"
 )
 
+// statusClientClosed is the status logged and counted for a request whose
+// client hung up before its answer (nginx's 499): nothing is written.
+const statusClientClosed = 499
+
 // answer is what the proxy answers to one request, and why. Every status
 // the proxy decides is made by one of the small functions below, one per
 // stage (the request, the claim, the upstream); the README's behaviour
@@ -110,7 +114,7 @@ func (h *Handler) claimAnswer(err, clientGone error, pol Policy) answer {
 			detail: "A response was recorded for this key but cannot be decoded (written by an incompatible version?). It is not executed again."}
 	case clientGone != nil:
 		// The client left while we waited; nothing was claimed.
-		return answer{status: 499, outcome: outcomeInFlight}
+		return answer{status: statusClientClosed, outcome: outcomeInFlight}
 	case pol.FailOpen && claim.Unavailable(err):
 		// Only an outage: a Redis that answers but refuses (out of memory
 		// under noeviction) is no reason to drop the guarantee.
@@ -148,7 +152,7 @@ func observeAnswer(a answer) (outcome string, ok bool) {
 	case outcomeMismatch:
 		return outcomeWouldMismatch, true
 	case outcomeInFlight:
-		if a.status == 499 {
+		if a.status == statusClientClosed {
 			return "", false // the client left while waiting
 		}
 		return outcomeWouldConflict, true

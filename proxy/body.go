@@ -166,7 +166,11 @@ type idleBody struct {
 	rc       *http.ResponseController
 	timeout  time.Duration
 	timedOut atomic.Bool
-	wd       *watchdog
+	// broke: a read failed other than by the deadline (the client hung
+	// up, or sent framing that cannot be read). Read on the Transport's
+	// writing goroutine, asked on the handler's.
+	broke atomic.Bool
+	wd    *watchdog
 	// first, until the first read of a body sent with "Expect:
 	// 100-continue": the lock a relayed 1xx holds (see
 	// statusWriter.informational). nil after, and for other bodies.
@@ -216,6 +220,8 @@ func (b *idleBody) Read(p []byte) (int, error) {
 		_ = b.rc.SetReadDeadline(time.Time{})
 	case isTimeout(err):
 		b.timedOut.Store(true)
+	case err != nil:
+		b.broke.Store(true)
 	}
 	return n, err
 }

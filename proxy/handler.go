@@ -307,6 +307,7 @@ func (res *result) armFrom(now time.Time) {
 // a field of each line rather than of a logger made per request: that
 // logger, carried in a copy of the request, was four allocations on every
 // request, replays included, at any LOG_LEVEL (issue 14).
+func (res *result) debug() *zerolog.Event { return res.log.Debug().Str("request_id", res.requestID) }
 func (res *result) info() *zerolog.Event  { return res.log.Info().Str("request_id", res.requestID) }
 func (res *result) warn() *zerolog.Event  { return res.log.Warn().Str("request_id", res.requestID) }
 func (res *result) error() *zerolog.Event { return res.log.Error().Str("request_id", res.requestID) }

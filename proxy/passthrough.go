@@ -24,7 +24,7 @@ import (
 func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *result, outcome string) {
 	res.outcome = outcome
 	sw := &statusWriter{ResponseWriter: w, keep: proxyHeaders(w.Header(), h.opts.KeyHeader), rc: res.rc, res: res,
-		http10: !r.ProtoAtLeast(1, 1)}
+		http10: !r.ProtoAtLeast(1, 1), client: r.Context()}
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	if h.tracer != nil {
@@ -178,6 +178,7 @@ type statusWriter struct {
 	res    *result
 	body   *idleBody // the request body, when there is one
 	wd     *watchdog
+	client context.Context // the client's request context: done when it hung up
 	// informational is held while a 1xx is written, and while net/http
 	// writes its own "100 Continue" (Expect) on the body's first read: that
 	// runs on the Transport's writing goroutine, a 1xx is relayed from its
@@ -256,6 +257,25 @@ func (h *Handler) plainError(w http.ResponseWriter, r *http.Request, err error) 
 	if sw.body != nil && sw.body.timedOut.Load() {
 		logs.warn().Err(err).Msg("request body stalled; forward abandoned")
 		h.bodyTimeout(fmt.Sprintf("The request body stopped arriving for %v.", h.opts.RequestReadTimeout)).write(w, &result{docsLink: h.docsLink})
+		return
+	}
+	if sw.client != nil && sw.client.Err() != nil {
+		// The client hung up before the answer (net/http cancels its
+		// context, and so the forward): nobody is left to answer, and the
+		// upstream is not at fault. 499 is nginx's "client closed
+		// request", and keeps it out of an alert on 502s.
+		sw.status = statusClientClosed
+		logs.debug().Err(err).Msg("client closed the connection before the answer; forward abandoned")
+		return
+	}
+	if sw.body != nil && sw.body.broke.Load() {
+		// The client is still there, but its body could not be read
+		// (malformed chunked framing): its fault, told as a keyed request's
+		// is. Not err's text, which may be the Transport's.
+		logs.warn().Err(err).Msg("request body unreadable; forward abandoned")
+		answer{status: http.StatusBadRequest, outcome: outcomeInvalid, typ: typeBodyUnreadable, closeConn: true,
+			title:  "Request body could not be read",
+			detail: "The request body broke off or is malformed; the forward was abandoned."}.write(w, &result{docsLink: h.docsLink})
 		return
 	}
 	neverLeft := isDialError(err)

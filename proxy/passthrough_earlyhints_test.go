@@ -21,7 +21,7 @@ import (
 // that answered in milliseconds. Under half of the time left, the 1xx write
 // fails first: the request ends with the upstream's 201, or, when net/http
 // cancels the request of a client whose write failed before that is read,
-// as any pass-through whose client left (502, "context canceled"); never as
+// as any pass-through whose client left (499, "context canceled" at debug); never as
 // an upstream timeout.
 func TestPassthroughEarlyHintsToStalledClient(t *testing.T) {
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
