@@ -116,6 +116,14 @@ func (wd *watchdog) left(now time.Time) time.Duration {
 	return max(0, wd.due.Sub(now))
 }
 
+// expired: the watchdog's time ran out (whether or not its timer has
+// run yet) while it was neither paused nor stopped.
+func (wd *watchdog) expired(now time.Time) bool {
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	return !wd.done && !wd.paused && !now.Before(wd.due)
+}
+
 func (wd *watchdog) stop() {
 	wd.mu.Lock()
 	defer wd.mu.Unlock()
@@ -259,7 +267,15 @@ func (h *Handler) plainError(w http.ResponseWriter, r *http.Request, err error) 
 		h.bodyTimeout(fmt.Sprintf("The request body stopped arriving for %v.", h.opts.RequestReadTimeout)).write(w, &result{docsLink: h.docsLink})
 		return
 	}
-	if sw.client != nil && sw.client.Err() != nil {
+	wd, _ := r.Context().Value(watchdogKey{}).(*watchdog)
+	if errors.Is(context.Cause(r.Context()), errUpstreamStalled) || wd != nil && wd.expired(time.Now()) {
+		// A timeout, not the "canceled" the Transport saw. Also when the
+		// client's side failed first, in the moment before the watchdog
+		// fired: a 1xx relayed then is written under half of nothing
+		// left, fails, and net/http cancels the request as the client's.
+		// The upstream had all of UPSTREAM_TIMEOUT and did not answer.
+		err = errUpstreamStalled
+	} else if sw.client != nil && sw.client.Err() != nil {
 		// The client hung up before the answer (net/http cancels its
 		// context, and so the forward): nobody is left to answer, and the
 		// upstream is not at fault. 499 is nginx's "client closed
@@ -267,8 +283,7 @@ func (h *Handler) plainError(w http.ResponseWriter, r *http.Request, err error) 
 		sw.status = statusClientClosed
 		logs.debug().Err(err).Msg("client closed the connection before the answer; forward abandoned")
 		return
-	}
-	if sw.body != nil && sw.body.broke.Load() {
+	} else if sw.body != nil && sw.body.broke.Load() {
 		// The client is still there, but its body could not be read
 		// (malformed chunked framing): its fault, told as a keyed request's
 		// is. Not err's text, which may be the Transport's.
@@ -279,11 +294,8 @@ func (h *Handler) plainError(w http.ResponseWriter, r *http.Request, err error) 
 		return
 	}
 	neverLeft := isDialError(err)
-	if wd, ok := r.Context().Value(watchdogKey{}).(*watchdog); ok && !wd.gotConn.Load() {
+	if wd != nil && !wd.gotConn.Load() {
 		neverLeft = true // no connection was obtained (a dial the watchdog cut, too)
-	}
-	if errors.Is(context.Cause(r.Context()), errUpstreamStalled) {
-		err = errUpstreamStalled // a timeout, not the "canceled" the Transport saw
 	}
 	a := upstreamAnswer(err, neverLeft)
 	logs.warn().Err(err).Int("status", a.status).Msg("upstream request failed")
