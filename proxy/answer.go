@@ -13,6 +13,16 @@ import (
 // client hung up before its answer (nginx's 499): nothing is written.
 const statusClientClosed = 499
 
+// abandon ends a request whose client hung up (statusClientClosed) without
+// an answer: net/http closes the connection and writes nothing. Returning
+// instead would let it answer "200 OK" itself, and a client that only
+// half-closed (shutdown of its write side; net/http takes that EOF for a
+// hang-up) would read it as success. The handler's deferred access line and
+// metrics still run and say 499.
+func abandon() {
+	panic(http.ErrAbortHandler)
+}
+
 // answer is what the proxy answers to one request, and why. Every status
 // the proxy decides is made by one of the small functions below, one per
 // stage (the request, the claim, the upstream); the README's behaviour
@@ -206,6 +216,9 @@ func notStoredAnswer(status int) answer {
 // problem type writes nothing (the client is gone, or another stage writes).
 func (a answer) write(w http.ResponseWriter, res *result) {
 	res.status, res.outcome = a.status, a.outcome
+	if a.status == statusClientClosed {
+		abandon()
+	}
 	if a.typ == "" {
 		return
 	}

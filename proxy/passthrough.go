@@ -282,7 +282,7 @@ func (h *Handler) plainError(w http.ResponseWriter, r *http.Request, err error) 
 		// request", and keeps it out of an alert on 502s.
 		sw.status = statusClientClosed
 		logs.debug().Err(err).Msg("client closed the connection before the answer; forward abandoned")
-		return
+		abandon()
 	} else if sw.body != nil && sw.body.broke.Load() {
 		// The client is still there, but its body could not be read
 		// (malformed chunked framing): its fault, told as a keyed request's

@@ -64,7 +64,14 @@ func TestPlainErrorBlame(t *testing.T) {
 			defer cancel(nil)
 			r := httptest.NewRequest(http.MethodPost, "/v1/orders", nil).WithContext(context.WithValue(ctx, watchdogKey{}, wd))
 
-			h.plainError(sw, r, context.Canceled)
+			var aborted any
+			func() {
+				defer func() { aborted = recover() }()
+				h.plainError(sw, r, context.Canceled)
+			}()
+			if want := tc.typ == ""; (aborted == http.ErrAbortHandler) != want || aborted != nil && !want {
+				t.Errorf("panic %v; want http.ErrAbortHandler (no answer, not even net/http's 200): %v", aborted, want)
+			}
 
 			if sw.status != tc.status {
 				t.Errorf("status %d, want %d", sw.status, tc.status)
