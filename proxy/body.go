@@ -232,3 +232,41 @@ func bodyReader(b []byte) io.ReadCloser {
 	}
 	return io.NopCloser(bytes.NewReader(b))
 }
+
+// trailerCopy passes a streamed request's trailers on. ReverseProxy copies
+// the request's Trailer map before the body is read, and net/http's server
+// fills in the values only when the body's end is read: the Transport would
+// send the declared names without values. At that end, on the Transport's
+// writing goroutine (which sends the trailers next), they are copied over.
+type trailerCopy struct {
+	io.ReadCloser
+	in, out http.Header
+}
+
+func (t *trailerCopy) Read(p []byte) (int, error) {
+	n, err := t.ReadCloser.Read(p)
+	if err == io.EOF {
+		copyTrailers(t.out, t.in)
+	}
+	return n, err
+}
+
+// copyTrailers sets in's trailers that have values in out.
+func copyTrailers(out, in http.Header) {
+	for k, v := range in {
+		if len(v) > 0 {
+			out[k] = v
+		}
+	}
+}
+
+// hasTrailers: h holds a trailer with a value (a declared name without
+// one is nothing to send).
+func hasTrailers(h http.Header) bool {
+	for _, v := range h {
+		if len(v) > 0 {
+			return true
+		}
+	}
+	return false
+}

@@ -137,7 +137,12 @@ func New(store Store, opts Options) (*Handler, error) {
 	pool := NewBufferPool()
 	errLog := log.New(opts.Logger, "", 0)
 	h.plain = &httputil.ReverseProxy{
-		Rewrite:        h.rewrite,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			h.rewrite(pr)
+			if pr.In.Trailer != nil && pr.Out.Body != nil {
+				pr.Out.Body = &trailerCopy{ReadCloser: pr.Out.Body, in: pr.In.Trailer, out: pr.Out.Trailer}
+			}
+		},
 		Transport:      opts.Transport,
 		BufferPool:     pool,
 		ModifyResponse: plainResponse,
