@@ -241,23 +241,39 @@ func bodyReader(b []byte) io.ReadCloser {
 type trailerCopy struct {
 	io.ReadCloser
 	in, out http.Header
+	deny    map[string]bool
 }
 
 func (t *trailerCopy) Read(p []byte) (int, error) {
 	n, err := t.ReadCloser.Read(p)
 	if err == io.EOF {
-		copyTrailers(t.out, t.in)
+		for k, v := range t.in {
+			if len(v) > 0 && !t.deny[k] {
+				t.out[k] = v
+			}
+		}
 	}
 	return n, err
 }
 
-// copyTrailers sets in's trailers that have values in out.
-func copyTrailers(out, in http.Header) {
-	for k, v := range in {
-		if len(v) > 0 {
-			out[k] = v
-		}
+// trailerDenied names the request trailer fields that are not forwarded:
+// those RFC 9110 (section 6.5.1) keeps out of trailers (framing, routing,
+// connection, authentication, content metadata), and those the proxy reads
+// or sets as headers (the key, the scope, X-Forwarded-*): an upstream that
+// merged trailers into its headers, against the RFC, must not find a
+// client's value there in their place.
+func trailerDenied(keyHeader string, scope []string) map[string]bool {
+	deny := map[string]bool{}
+	for _, k := range append([]string{
+		"Authorization", "Cache-Control", "Connection", "Content-Encoding", "Content-Length", "Content-Range",
+		"Content-Type", "Cookie", "Expect", "Forwarded", "Host", "Idempotency-Key", "Keep-Alive", "Max-Forwards",
+		"Proxy-Authorization", "Proxy-Connection", "Range", "Set-Cookie", "Te", "Trailer", "Transfer-Encoding",
+		"Upgrade", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Idempotency-Key",
+		RequestIDHeader, keyHeader,
+	}, scope...) {
+		deny[http.CanonicalHeaderKey(k)] = true
 	}
+	return deny
 }
 
 // hasTrailers: h holds a trailer with a value (a declared name without

@@ -75,8 +75,9 @@ type Handler struct {
 	titleUse string // IETF draft titles, with the configured header name
 	titleOut string
 	titleMis string
-	docsLink []string     // the Link header of the proxy's problems; nil without DOCS_URL
-	tracer   trace.Tracer // nil: tracing off (trace.go)
+	docsLink []string        // the Link header of the proxy's problems; nil without DOCS_URL
+	noTrail  map[string]bool // request trailer names never forwarded (trailerDenied)
+	tracer   trace.Tracer    // nil: tracing off (trace.go)
 
 	stopWaits     chan struct{} // closed by StopWaiting
 	stopWaitsOnce sync.Once
@@ -134,13 +135,14 @@ func New(store Store, opts Options) (*Handler, error) {
 	// Two forwarding paths, each owning its hooks: plain streams a request
 	// through and answers its errors; keyed runs a claimed request into an
 	// exchange (keyed.go), which records the answer.
+	h.noTrail = trailerDenied(opts.KeyHeader, opts.ScopeHeaders)
 	pool := NewBufferPool()
 	errLog := log.New(opts.Logger, "", 0)
 	h.plain = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			h.rewrite(pr)
 			if pr.In.Trailer != nil && pr.Out.Body != nil {
-				pr.Out.Body = &trailerCopy{ReadCloser: pr.Out.Body, in: pr.In.Trailer, out: pr.Out.Trailer}
+				pr.Out.Body = &trailerCopy{ReadCloser: pr.Out.Body, in: pr.In.Trailer, out: pr.Out.Trailer, deny: h.noTrail}
 			}
 		},
 		Transport:      opts.Transport,
@@ -209,6 +211,11 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(h.opts.Upstream)
 	pr.SetXForwarded()
 	hideIdempotencyKey(pr.Out.Header)
+	for k := range pr.Out.Trailer {
+		if h.noTrail[k] {
+			delete(pr.Out.Trailer, k)
+		}
+	}
 }
 
 // upgradeRequested reports whether the request asks to switch protocols

@@ -5,13 +5,17 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
 
 // TestRequestTrailersReachTheUpstream: a chunked request's trailers (a
 // checksum sent after the body, say) reach the upstream with their values,
-// keyed or not: the proxy must not drop what the client sent.
+// keyed or not: the proxy must not drop what the client sent. Those that
+// RFC 9110 keeps out of trailers, or that the proxy sets or reads as
+// headers, do not: an upstream that merged them into its headers would
+// find a client's X-Forwarded-For or Authorization there.
 func TestRequestTrailersReachTheUpstream(t *testing.T) {
 	for _, key := range []string{"", "tr-1"} {
 		name := "pass-through"
@@ -23,7 +27,13 @@ func TestRequestTrailersReachTheUpstream(t *testing.T) {
 			got := make(chan string, 1)
 			e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 				b, _ := io.ReadAll(r.Body)
-				got <- string(b) + "|" + r.Trailer.Get("X-Checksum")
+				var leaked []string
+				for _, k := range []string{"X-Forwarded-For", "Authorization", "Idempotency-Key", "Host", "Content-Length"} {
+					if v := r.Trailer.Values(k); len(v) > 0 {
+						leaked = append(leaked, k+"="+strings.Join(v, ","))
+					}
+				}
+				got <- string(b) + "|" + r.Trailer.Get("X-Checksum") + "|" + strings.Join(leaked, " ")
 				w.WriteHeader(http.StatusCreated)
 			})
 			c := dialProxy(t, e)
@@ -32,8 +42,9 @@ func TestRequestTrailersReachTheUpstream(t *testing.T) {
 			if key != "" {
 				keyLine = "Idempotency-Key: " + key + "\r\n"
 			}
-			fmt.Fprintf(c, "POST /v1/orders HTTP/1.1\r\nHost: x\r\n%sTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n"+
-				"5\r\nhello\r\n0\r\nX-Checksum: abc123\r\n\r\n", keyLine)
+			fmt.Fprintf(c, "POST /v1/orders HTTP/1.1\r\nHost: x\r\n%sTransfer-Encoding: chunked\r\nTrailer: X-Checksum, X-Forwarded-For, Authorization\r\n\r\n"+
+				"5\r\nhello\r\n0\r\nX-Checksum: abc123\r\nX-Forwarded-For: 6.6.6.6\r\nAuthorization: Bearer other\r\n"+
+				"Idempotency-Key: other\r\nHost: elsewhere\r\n\r\n", keyLine)
 			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			if err != nil {
@@ -45,8 +56,8 @@ func TestRequestTrailersReachTheUpstream(t *testing.T) {
 			}
 			select {
 			case s := <-got:
-				if s != "hello|abc123" {
-					t.Errorf("the upstream got body|trailer %q, want %q", s, "hello|abc123")
+				if s != "hello|abc123|" {
+					t.Errorf("the upstream got body|trailer|denied trailers %q, want %q", s, "hello|abc123|")
 				}
 			case <-time.After(5 * time.Second):
 				t.Fatal("the upstream was not called")
