@@ -259,18 +259,19 @@ func (t *trailerCopy) Read(p []byte) (int, error) {
 // trailerDenied names the request trailer fields that are not forwarded:
 // those RFC 9110 (section 6.5.1) keeps out of trailers (framing, routing,
 // connection, authentication, content metadata), and those the proxy reads
-// or sets as headers (the key, the scope, X-Forwarded-*): an upstream that
-// merged trailers into its headers, against the RFC, must not find a
-// client's value there in their place.
-func trailerDenied(keyHeader string, scope []string) map[string]bool {
+// or sets as headers (own: the key, the scope, a route's key=header:
+// sources; and X-Forwarded-*): an upstream that merged trailers into its
+// headers, against the RFC, must not find a client's value there in their
+// place.
+func trailerDenied(own []string) map[string]bool {
 	deny := map[string]bool{}
 	for _, k := range append([]string{
 		"Authorization", "Cache-Control", "Connection", "Content-Encoding", "Content-Length", "Content-Range",
 		"Content-Type", "Cookie", "Expect", "Forwarded", "Host", "Idempotency-Key", "Keep-Alive", "Max-Forwards",
 		"Proxy-Authorization", "Proxy-Connection", "Range", "Set-Cookie", "Te", "Trailer", "Transfer-Encoding",
 		"Upgrade", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Idempotency-Key",
-		RequestIDHeader, keyHeader,
-	}, scope...) {
+		RequestIDHeader,
+	}, own...) {
 		deny[http.CanonicalHeaderKey(k)] = true
 	}
 	return deny

@@ -135,7 +135,16 @@ func New(store Store, opts Options) (*Handler, error) {
 	// Two forwarding paths, each owning its hooks: plain streams a request
 	// through and answers its errors; keyed runs a claimed request into an
 	// exchange (keyed.go), which records the answer.
-	h.noTrail = trailerDenied(opts.KeyHeader, opts.ScopeHeaders)
+	own := append([]string{opts.KeyHeader}, opts.ScopeHeaders...)
+	for _, rt := range opts.Routes {
+		if rt.Scope != nil {
+			own = append(own, *rt.Scope...)
+		}
+		if rt.Key != nil {
+			own = append(own, rt.Key.headers()...)
+		}
+	}
+	h.noTrail = trailerDenied(own)
 	pool := NewBufferPool()
 	errLog := log.New(opts.Logger, "", 0)
 	h.plain = &httputil.ReverseProxy{

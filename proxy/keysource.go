@@ -263,3 +263,16 @@ func queryParam(raw, name string) (n int, value string, err error) {
 	}
 	return n, value, nil
 }
+
+// headers are the header names the key is taken from.
+func (ks *KeySource) headers() []string {
+	var names []string
+	for _, alt := range ks.alts {
+		for _, p := range alt {
+			if p.kind == partHeader {
+				names = append(names, p.name)
+			}
+		}
+	}
+	return names
+}

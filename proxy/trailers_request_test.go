@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // TestRequestTrailersReachTheUpstream: a chunked request's trailers (a
@@ -63,5 +65,38 @@ func TestRequestTrailersReachTheUpstream(t *testing.T) {
 				t.Fatal("the upstream was not called")
 			}
 		})
+	}
+}
+
+// TestRequestTrailersNotTheRoutesOwnHeaders: a route's scope= and
+// key=header: names are the proxy's to read as headers, so not forwarded as
+// trailers either.
+func TestRequestTrailersNotTheRoutesOwnHeaders(t *testing.T) {
+	e := newEnv(t, miniBackend, func(o *proxy.Options) {
+		o.Routes = mustRoutes(t, "POST /hooks/* key=github scope=X-Tenant-Id")
+	})
+	got := make(chan http.Header, 1)
+	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		got <- r.Trailer
+		w.WriteHeader(http.StatusCreated)
+	})
+	c := dialProxy(t, e)
+	defer c.Close()
+	fmt.Fprint(c, "POST /hooks/gh HTTP/1.1\r\nHost: x\r\nX-GitHub-Delivery: d-1\r\nX-Tenant-Id: t-1\r\nTransfer-Encoding: chunked\r\n"+
+		"Trailer: X-Checksum, X-Tenant-Id, X-GitHub-Delivery\r\n\r\n5\r\nhello\r\n0\r\nX-Checksum: abc\r\nX-Tenant-Id: t-2\r\nX-GitHub-Delivery: d-2\r\n\r\n")
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer within 5 s: %v", err)
+	}
+	resp.Body.Close()
+	select {
+	case tr := <-got:
+		if tr.Get("X-Checksum") != "abc" || tr.Get("X-Tenant-Id") != "" || tr.Get("X-GitHub-Delivery") != "" {
+			t.Errorf("the upstream got trailers %v, want only X-Checksum", tr)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upstream was not called")
 	}
 }
