@@ -54,8 +54,9 @@ type Options struct {
 	Transport http.RoundTripper // nil: NewTransport() with ResponseHeaderTimeout = UpstreamTimeout
 	// Logger writes the access log and every other line; the lines the
 	// Handler writes for a request carry its request_id. ReverseProxy's own
-	// lines (ErrorLog: a body copy that failed, say) go to it too, without
-	// one: ReverseProxy logs through one log.Logger for all requests.
+	// lines (ErrorLog) go to it too, without one: ReverseProxy logs through
+	// one log.Logger for all requests. Its line for a body copy that failed
+	// is dropped: the request's own warning says it (answerBody).
 	Logger  zerolog.Logger
 	Metrics *Metrics // nil: metrics are registered nowhere
 	// TracerProvider, when set, traces every request (trace.go); nil: no
@@ -146,7 +147,7 @@ func New(store Store, opts Options) (*Handler, error) {
 	}
 	h.noTrail = trailerDenied(own)
 	pool := NewBufferPool()
-	errLog := log.New(opts.Logger, "", 0)
+	errLog := log.New(reverseProxyLog{opts.Logger}, "", 0)
 	h.plain = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			h.rewrite(pr)

@@ -51,6 +51,7 @@ type exchange struct {
 	keep       savedHeaders
 	onHeaders  func() // arms the slow-client write deadline
 	http10     bool   // the client speaks HTTP/1.0: no 1xx
+	body       answerBody
 }
 
 var capturePool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -205,6 +206,7 @@ func (ex *exchange) upstreamResponse(res *http.Response) {
 	ex.header = res.Header
 	ex.res = res
 	ex.headersAt = time.Now()
+	ex.body.wrap(res)
 	if res.ContentLength > ex.max || isEventStream(res.Header.Get("Content-Type")) {
 		ex.noBody = true
 	}
@@ -332,7 +334,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	switch {
 	case a.outcome == outcomeReleased:
 		if aborted {
-			res.warn().Hex("key_hash", res.key[:]).Msg("upstream 5xx answer broke off mid-body; claim released")
+			res.warn().Err(ex.body.err).Hex("key_hash", res.key[:]).Msg("upstream 5xx answer broke off mid-body; claim released")
 		}
 		h.release(r, lease, res)
 	case aborted:
@@ -341,7 +343,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 		// status without the body, as for an answer too large to store, so
 		// that a retry never executes again; then cut the client off, so it
 		// sees the answer was incomplete.
-		res.warn().Hex("key_hash", res.key[:]).Int("status", ex.status).
+		res.warn().Err(ex.body.err).Hex("key_hash", res.key[:]).Int("status", ex.status).
 			Msg("upstream answer broke off mid-body; recorded without its body")
 		rec := &claim.Record{Status: ex.status, Header: recordableHeader(ex.header), BodyNotStored: true}
 		h.complete(r, lease, rec, pol.TTL, res)

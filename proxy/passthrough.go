@@ -52,6 +52,9 @@ func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *resul
 		if res.status == 0 {
 			res.status = http.StatusBadGateway
 		}
+		if wd.body.err != nil {
+			res.warn().Err(wd.body.err).Int("status", res.status).Msg("upstream answer broke off mid-body; client connection cut")
+		}
 		if sw.body != nil && !res.hijacked {
 			_ = res.rc.SetReadDeadline(time.Time{})
 		}
@@ -80,6 +83,8 @@ type watchdog struct {
 	done   bool
 	paused bool
 	due    time.Time // when the timer, last (re)started, fires
+
+	body answerBody // the answer's, once it arrived
 }
 
 // pause is called while the body is read from the client: a slow client is
@@ -136,6 +141,7 @@ func (wd *watchdog) stop() {
 func plainResponse(res *http.Response) error {
 	if wd, ok := res.Request.Context().Value(watchdogKey{}).(*watchdog); ok {
 		wd.stop()
+		wd.body.wrap(res)
 	}
 	if res.StatusCode == http.StatusSwitchingProtocols {
 		// ReverseProxy writes a 101 itself, with the upstream's headers
