@@ -36,6 +36,7 @@ type answer struct {
 	detail     string
 	retryAfter bool // Retry-After: 1 (the contract's value for 409 and 503)
 	closeConn  bool // the request body stalled: the connection is not reused
+	clientGone bool // the client hung up (statusClientClosed): no answer at all (abandon)
 	replayed   bool // Idempotent-Replayed: true (an unknown outcome's answer)
 }
 
@@ -124,7 +125,7 @@ func (h *Handler) claimAnswer(err, clientGone error, pol Policy) answer {
 			detail: "A response was recorded for this key but cannot be decoded (written by an incompatible version?). It is not executed again."}
 	case clientGone != nil:
 		// The client left while we waited; nothing was claimed.
-		return answer{status: statusClientClosed, outcome: outcomeInFlight}
+		return answer{status: statusClientClosed, outcome: outcomeInFlight, clientGone: true}
 	case pol.FailOpen && claim.Unavailable(err):
 		// Only an outage: a Redis that answers but refuses (out of memory
 		// under noeviction) is no reason to drop the guarantee.
@@ -216,7 +217,7 @@ func notStoredAnswer(status int) answer {
 // problem type writes nothing (the client is gone, or another stage writes).
 func (a answer) write(w http.ResponseWriter, res *result) {
 	res.status, res.outcome = a.status, a.outcome
-	if a.status == statusClientClosed {
+	if a.clientGone {
 		abandon()
 	}
 	if a.typ == "" {

@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"maps"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -152,7 +154,7 @@ func New(store Store, opts Options) (*Handler, error) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			h.rewrite(pr)
 			if pr.In.Trailer != nil && pr.Out.Body != nil {
-				pr.Out.Body = &trailerCopy{ReadCloser: pr.Out.Body, in: pr.In.Trailer, out: pr.Out.Trailer, deny: h.noTrail}
+				pr.Out.Body = &trailerCopy{ReadCloser: pr.Out.Body, in: pr.In.Trailer, out: pr.Out.Trailer}
 			}
 		},
 		Transport:      opts.Transport,
@@ -301,10 +303,13 @@ type result struct {
 	// writeDeadline is the write deadline this request last put on the
 	// connection (zero: none yet, or cleared); see writeBy.
 	writeDeadline time.Time
-	hijacked      bool     // a protocol switch took the connection over: no deadlines
-	keySource     string   // keySourceHeader, keySourceDerived or keySourceNone
-	docsLink      []string // Link header for the proxy's own problems (DOCS_URL)
-	replayOf      string   // a replayed record's Trace (its execution), for the span link
+	hijacked      bool // a protocol switch took the connection over: no deadlines
+	// trailers are the request trailers the client announced (its Trailer
+	// header, which net/http takes away); nil for none, as nearly always.
+	trailers  []string
+	keySource string   // keySourceHeader, keySourceDerived or keySourceNone
+	docsLink  []string // Link header for the proxy's own problems (DOCS_URL)
+	replayOf  string   // a replayed record's Trace (its execution), for the span link
 }
 
 // The key_source label and access-log field: a fixed set.
@@ -376,6 +381,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	res := result{requestID: id, log: &h.opts.Logger, route: "default", upstreamMS: -1, rc: http.NewResponseController(w),
 		writeTimeout: h.opts.UpstreamTimeout, keySource: keySourceNone, docsLink: h.docsLink}
 	defer h.finish(r, &res, start)
+	if r.Trailer != nil { // before the body is read: the announced names only
+		res.trailers = slices.Collect(maps.Keys(r.Trailer))
+	}
 	if h.tracer != nil {
 		var span trace.Span
 		r, span = h.startServerSpan(r)

@@ -255,10 +255,11 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	out.Body = bodyReader(body)
 	out.ContentLength = int64(len(body))
 	out.TransferEncoding = nil
-	if len(body) > 0 && hasTrailers(r.Trailer) {
-		// Trailers (read with the body) go only with a chunked body: an
-		// unknown length makes the Transport send it so.
+	out.Trailer = announcedTrailers(r.Trailer, res.trailers) // the denied ones go in rewrite
+	if out.Trailer != nil {
+		// Trailers go only with a chunked body, an empty one too.
 		out.ContentLength = -1
+		out.TransferEncoding = []string{"chunked"}
 	}
 	// The body is already here: waiting for "100 Continue" would only delay
 	// it (by a second, against upstreams that never send one).
