@@ -52,7 +52,15 @@ func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *resul
 		if res.status == 0 {
 			res.status = http.StatusBadGateway
 		}
-		if wd.body.err != nil {
+		switch {
+		case wd.body.err == nil:
+		case sw.body != nil && (sw.body.broke.Load() || sw.body.timedOut.Load()):
+			// The Transport gave up on the upstream connection because the
+			// client's body failed (an upstream may answer before it has the
+			// whole body): the answer's read failed for that, not the
+			// upstream's doing (as in plainError).
+			res.warn().Err(wd.body.err).Int("status", res.status).Msg("request body broke off after the answer began; answer cut")
+		default:
 			res.warn().Err(wd.body.err).Int("status", res.status).Msg("upstream answer broke off mid-body; client connection cut")
 		}
 		if sw.body != nil && !res.hijacked {
