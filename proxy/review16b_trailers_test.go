@@ -1,12 +1,8 @@
 package proxy_test
 
 import (
-	"bufio"
-	"fmt"
-	"io"
 	"net/http"
 	"testing"
-	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -18,31 +14,8 @@ import (
 // for its answer and returns the trailers the upstream read.
 func review16bTrailerSend(t *testing.T, e *env, raw string) http.Header {
 	t.Helper()
-	got := make(chan http.Header, 1)
-	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		got <- r.Trailer.Clone()
-		w.WriteHeader(http.StatusCreated)
-	})
-	c := dialProxy(t, e)
-	defer c.Close()
-	fmt.Fprint(c, raw)
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("no answer within 5 s: %v", err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		t.Fatalf("status %d, want 201", resp.StatusCode)
-	}
-	select {
-	case tr := <-got:
-		return tr
-	case <-time.After(5 * time.Second):
-		t.Fatal("the upstream was not called")
-	}
-	return nil
+	_, tr := trailerSend(t, e, raw)
+	return tr
 }
 
 // TestReview16bEmptyKeyedBodyKeepsItsTrailers: the README says a request's
