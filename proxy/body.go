@@ -302,12 +302,16 @@ func trailerDenied(own []string) map[string]bool {
 // request's exchange or watchdog: no allocation of its own.
 type answerBody struct {
 	io.ReadCloser
-	err error // the first read error but io.EOF and context.Canceled (the client left)
+	err   error // the first read error but io.EOF and context.Canceled (the client left)
+	ended bool  // read to its end
 }
 
 func (b *answerBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err != nil && err != io.EOF && b.err == nil && !errors.Is(err, context.Canceled) {
+	switch {
+	case err == io.EOF:
+		b.ended = true
+	case err != nil && b.err == nil && !errors.Is(err, context.Canceled):
 		b.err = err
 	}
 	return n, err

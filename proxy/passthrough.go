@@ -53,8 +53,17 @@ func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *resul
 			res.status = http.StatusBadGateway
 		}
 		switch {
+		case wd.body.ReadCloser == nil || wd.body.ended:
+			// No answer (plainError told why), or all of it.
+		case sw.body != nil && sw.body.timedOut.Load():
+			// An upstream that answers before it has the whole body, and a
+			// body that then stalls: net/http cancels the request, and the
+			// answer's read ends "canceled", with no error of its own.
+			res.warn().Int("status", res.status).Dur("request_read_timeout", h.opts.RequestReadTimeout).
+				Msg("request body stalled after the answer began; answer cut")
 		case wd.body.err == nil:
-		case sw.body != nil && (sw.body.broke.Load() || sw.body.timedOut.Load()):
+			// The client left, or stopped reading.
+		case sw.body != nil && sw.body.broke.Load():
 			// The Transport gave up on the upstream connection because the
 			// client's body failed (an upstream may answer before it has the
 			// whole body): the answer's read failed for that, not the

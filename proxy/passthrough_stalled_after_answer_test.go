@@ -1,0 +1,84 @@
+package proxy_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// TestPassthroughBodyStalledAfterTheAnswerBegan: an upstream may answer
+// before it has the whole request body (full duplex). When the client's
+// body then stalls past REQUEST_READ_TIMEOUT, net/http cancels the request
+// and the answer is cut short: the request's log says why, as a warning
+// with its request_id, and does not blame the upstream. (The access line
+// alone says the upstream's 200.)
+func TestPassthroughBodyStalledAfterTheAnswerBegan(t *testing.T) {
+	e := newEnv(t, miniBackend, func(o *proxy.Options) {
+		o.UpstreamTimeout = 5 * time.Second
+		o.RequestReadTimeout = 300 * time.Millisecond
+	})
+	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		_ = rc.EnableFullDuplex()
+		buf := make([]byte, 3)
+		_, _ = io.ReadFull(r.Body, buf) // the first chunk
+		w.WriteHeader(http.StatusOK)
+		for range 300 { // a healthy stream, at most 3 s
+			if _, err := io.WriteString(w, "tick\n"); err != nil || rc.Flush() != nil {
+				return
+			}
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	})
+	c := dialProxy(t, e)
+	defer c.Close()
+	// The first chunk, then nothing: the body stalls.
+	fmt.Fprint(c, "POST /v1/stream HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(c)
+	if !strings.HasPrefix(string(got), "HTTP/1.1 200") {
+		t.Fatalf("the answer did not begin before the body stalled: %q (%v)", got, err)
+	}
+	waitLogLine(t, e.logs, `"message":"request"`, 5*time.Second)
+	line := logLine(e.logs, "request body stalled")
+	if line == "" || !strings.Contains(line, `"level":"warn"`) || !strings.Contains(line, `"request_id"`) {
+		t.Errorf("no warning of the request says its body stalled after the answer began:\n%s", e.logs)
+	}
+	if strings.Contains(e.logs.String(), "upstream answer broke off") {
+		t.Errorf("the upstream was blamed:\n%s", e.logs)
+	}
+}
+
+// TestPassthroughBodyStalledBeforeTheAnswer: the same stall before any
+// answer is the 408 of plainError, told once, not also as a cut answer.
+func TestPassthroughBodyStalledBeforeTheAnswer(t *testing.T) {
+	e := newEnv(t, miniBackend, func(o *proxy.Options) {
+		o.UpstreamTimeout = 5 * time.Second
+		o.RequestReadTimeout = 300 * time.Millisecond
+	})
+	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // waits for the whole body
+		w.WriteHeader(http.StatusCreated)
+	})
+	c := dialProxy(t, e)
+	defer c.Close()
+	fmt.Fprint(c, "POST /v1/stream HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, _ := io.ReadAll(c)
+	if !strings.HasPrefix(string(got), "HTTP/1.1 408") {
+		t.Fatalf("answer %q, want 408", got)
+	}
+	waitLogLine(t, e.logs, `"message":"request"`, 5*time.Second)
+	if logLine(e.logs, "request body stalled; forward abandoned") == "" || logLine(e.logs, "after the answer began") != "" {
+		t.Errorf("want the 408's warning alone:\n%s", e.logs)
+	}
+}
