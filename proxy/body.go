@@ -184,11 +184,21 @@ type idleBody struct {
 	// more to check that there is no more) can come after that; a "read on
 	// closed body" there makes it drop the upstream connection and cut the
 	// answer.
-	ended bool
+	ended atomic.Bool
+	// length is the body's Content-Length (-1: chunked), n what was read.
+	length int64
+	n      atomic.Int64
+}
+
+// complete reports whether the client's body was read whole: to its end,
+// or to its length (the Transport's read past the last byte, which would
+// see the end, may come after the answer's headers).
+func (b *idleBody) complete() bool {
+	return b.ended.Load() || b.length >= 0 && b.n.Load() >= b.length
 }
 
 func (b *idleBody) Read(p []byte) (int, error) {
-	if b.ended {
+	if b.ended.Load() {
 		return 0, io.EOF
 	}
 	b.wd.pause()
@@ -212,9 +222,10 @@ func (b *idleBody) Read(p []byte) (int, error) {
 		}
 	}
 	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
 	switch {
 	case err == io.EOF:
-		b.ended = true
+		b.ended.Store(true)
 		// net/http now reads the connection in the background to notice a
 		// client that hangs up; a deadline left armed would fire there and
 		// cancel the request while the upstream is still answering.

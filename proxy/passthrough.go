@@ -41,7 +41,13 @@ func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *resul
 	})
 	r = r.WithContext(ctx)
 	if r.Body != nil && r.Body != http.NoBody {
-		sw.body = &idleBody{ReadCloser: r.Body, rc: res.rc, timeout: h.opts.RequestReadTimeout, wd: wd}
+		// An upstream may answer before it has read the whole body (a
+		// stream, an early 4xx). net/http's HTTP/1 server would read the
+		// rest of the body itself, and throw it away, before it writes the
+		// answer's headers: the Transport, still sending it, would lose
+		// those reads, and the upstream get a body with holes.
+		_ = res.rc.EnableFullDuplex()
+		sw.body = &idleBody{ReadCloser: r.Body, rc: res.rc, timeout: h.opts.RequestReadTimeout, wd: wd, length: r.ContentLength}
 		if strings.Contains(strings.ToLower(r.Header.Get("Expect")), "100-continue") {
 			sw.body.first, sw.body.chunked = &sw.informational, r.ContentLength < 0
 		}
@@ -72,8 +78,16 @@ func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *resul
 		default:
 			res.warn().Err(wd.body.err).Int("status", res.status).Msg("upstream answer broke off mid-body; client connection cut")
 		}
-		if sw.body != nil && !res.hijacked {
+		switch {
+		case sw.body == nil || res.hijacked:
+		case sw.body.ended.Load():
 			_ = res.rc.SetReadDeadline(time.Time{})
+		default:
+			// The answer is out, the body is not all read: net/http reads
+			// the rest after this returns (to reuse the connection), and the
+			// Transport may still be reading it. Both end within
+			// REQUEST_READ_TIMEOUT, not whenever the client hangs up.
+			_ = res.rc.SetReadDeadline(time.Now().Add(h.opts.RequestReadTimeout))
 		}
 	}()
 	h.plain.ServeHTTP(sw, r)
@@ -222,6 +236,12 @@ func (s *statusWriter) WriteHeader(code int) {
 	if s.status == 0 && code >= 200 {
 		s.status = code
 		s.keep.restore(s.ResponseWriter.Header())
+		if s.body != nil && !s.body.complete() {
+			// The answer goes out before the client's body is all in (an
+			// upstream that answers early): whatever of it is still to come
+			// must not be read as the connection's next request.
+			s.ResponseWriter.Header().Set("Connection", "close")
+		}
 	}
 	if code < 200 && s.http10 {
 		return

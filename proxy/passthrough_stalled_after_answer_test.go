@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net/http"
@@ -80,5 +81,37 @@ func TestPassthroughBodyStalledBeforeTheAnswer(t *testing.T) {
 	waitLogLine(t, e.logs, `"message":"request"`, 5*time.Second)
 	if logLine(e.logs, "request body stalled; forward abandoned") == "" || logLine(e.logs, "after the answer began") != "" {
 		t.Errorf("want the 408's warning alone:\n%s", e.logs)
+	}
+}
+
+// TestPassthroughKeepAliveAfterWholeBody: an answer that comes after the
+// whole body (as nearly every upstream answers) leaves the connection open
+// for the next request, chunked or with a length; only an answer before the
+// body is all in closes it (TestReview16dCompleteAnswerThenBodyStall).
+func TestPassthroughKeepAliveAfterWholeBody(t *testing.T) {
+	e := newEnv(t, miniBackend, nil)
+	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+	})
+	c := dialProxy(t, e)
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for i, raw := range []string{
+		"POST /v1/a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+		"POST /v1/b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+		"POST /v1/c HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+	} {
+		fmt.Fprint(c, raw)
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d on the same connection: %v", i, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated || resp.Close {
+			t.Fatalf("request %d: status %d, Connection: close %v; want 201 on a connection kept open", i, resp.StatusCode, resp.Close)
+		}
 	}
 }
