@@ -197,6 +197,23 @@ func (b *idleBody) complete() bool {
 	return b.ended.Load() || b.length >= 0 && b.n.Load() >= b.length
 }
 
+// maxDrain is the most of a body drain reads to keep the connection, as
+// net/http's server reads after a handler (maxPostHandlerReadBytes).
+const maxDrain = 256 << 10
+
+// drain reads what is left of a body that the Transport never read (the
+// round trip failed before it had a connection: nothing else reads it), at
+// most maxDrain, each read under REQUEST_READ_TIMEOUT. A body read whole
+// lets the connection carry the next request (complete); one that is not,
+// or whose client was never told to send it (Expect: 100-continue), ends
+// the connection (statusWriter.WriteHeader). An upstream that is down must
+// not cost every client that sends a body its connection.
+func (b *idleBody) drain() {
+	if b.first == nil && !b.ended.Load() {
+		_, _ = io.CopyN(io.Discard, b, maxDrain)
+	}
+}
+
 func (b *idleBody) Read(p []byte) (int, error) {
 	if b.ended.Load() {
 		return 0, io.EOF

@@ -339,6 +339,9 @@ func (h *Handler) plainError(w http.ResponseWriter, r *http.Request, err error) 
 	neverLeft := isDialError(err)
 	if wd != nil && !wd.gotConn.Load() {
 		neverLeft = true // no connection was obtained (a dial the watchdog cut, too)
+		if sw.body != nil {
+			sw.body.drain()
+		}
 	}
 	a := upstreamAnswer(err, neverLeft)
 	logs.warn().Err(err).Int("status", a.status).Msg("upstream request failed")

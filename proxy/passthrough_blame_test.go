@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -56,8 +57,9 @@ func TestPlainErrorBlame(t *testing.T) {
 			defer wd.timer.Stop()
 			wd.gotConn.Store(!tc.s.noConn)
 			rec := httptest.NewRecorder()
-			sw := &statusWriter{ResponseWriter: rec, res: &result{log: &h.opts.Logger, rc: http.NewResponseController(rec)}, client: client, wd: wd,
-				body: &idleBody{wd: wd}}
+			rc := http.NewResponseController(rec)
+			sw := &statusWriter{ResponseWriter: rec, res: &result{log: &h.opts.Logger, rc: rc}, client: client, wd: wd,
+				body: &idleBody{wd: wd, rc: rc, ReadCloser: io.NopCloser(strings.NewReader("")), length: -1}}
 			sw.body.broke.Store(tc.s.bodyBroke)
 			sw.body.timedOut.Store(tc.s.bodyTimedOut)
 			ctx, cancel := context.WithCancelCause(client)
