@@ -163,7 +163,7 @@ func observeAnswer(a answer) (outcome string, ok bool) {
 	case outcomeMismatch:
 		return outcomeWouldMismatch, true
 	case outcomeInFlight:
-		if a.status == statusClientClosed {
+		if a.clientGone {
 			return "", false // the client left while waiting
 		}
 		return outcomeWouldConflict, true

@@ -203,14 +203,26 @@ const maxDrain = 256 << 10
 
 // drain reads what is left of a body that the Transport never read (the
 // round trip failed before it had a connection: nothing else reads it), at
-// most maxDrain, each read under REQUEST_READ_TIMEOUT. A body read whole
-// lets the connection carry the next request (complete); one that is not,
-// or whose client was never told to send it (Expect: 100-continue), ends
-// the connection (statusWriter.WriteHeader). An upstream that is down must
-// not cost every client that sends a body its connection.
+// most maxDrain, and no reads begun past REQUEST_READ_TIMEOUT from now
+// (each read has that much too: twice it in all, whatever a trickling
+// client sends). A body read whole lets the connection carry the next
+// request (complete); one that is not, or whose client was never told to
+// send it (Expect: 100-continue), ends the connection
+// (statusWriter.WriteHeader). An upstream that is down must not cost every
+// client that sends a body its connection. Only on that failure: the
+// buffer is not pooled.
 func (b *idleBody) drain() {
-	if b.first == nil && !b.ended.Load() {
-		_, _ = io.CopyN(io.Discard, b, maxDrain)
+	if b.first != nil || b.ended.Load() {
+		return
+	}
+	end := time.Now().Add(b.timeout)
+	buf := make([]byte, 32<<10)
+	for left := maxDrain; left > 0 && time.Now().Before(end); {
+		n, err := b.Read(buf[:min(len(buf), left)])
+		left -= n
+		if err != nil {
+			return
+		}
 	}
 }
 

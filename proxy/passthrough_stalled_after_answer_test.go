@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -114,4 +116,47 @@ func TestPassthroughKeepAliveAfterWholeBody(t *testing.T) {
 			t.Fatalf("request %d: status %d, Connection: close %v; want 201 on a connection kept open", i, resp.StatusCode, resp.Close)
 		}
 	}
+}
+
+// TestPassthroughUpstreamDownTrickleBounded: when the upstream is down, the
+// body read before the 502 (to keep the connection) is bounded in time as
+// well as in bytes: a client that trickles a byte per read, each within
+// REQUEST_READ_TIMEOUT, gets its 502 within about twice that, not after
+// its whole body.
+func TestPassthroughUpstreamDownTrickleBounded(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := "http://" + ln.Addr().String()
+	ln.Close() // nothing listens there: the dial is refused
+	e := newEnv(t, miniBackend, func(o *proxy.Options) {
+		o.Upstream, _ = url.Parse(down)
+		o.RequestReadTimeout = 300 * time.Millisecond
+	})
+	c := dialProxy(t, e)
+	defer c.Close()
+	fmt.Fprint(c, "POST /v1/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nb")
+	answered := make(chan string, 1)
+	go func() {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		answered <- line
+	}()
+	start := time.Now()
+	for i := 0; i < 60; i++ { // a byte every 100 ms, at most 6 s
+		select {
+		case line := <-answered:
+			if !strings.HasPrefix(line, "HTTP/1.1 502") {
+				t.Fatalf("answer %q, want 502", line)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Errorf("502 after %v of trickling; want it within about 2×REQUEST_READ_TIMEOUT (300 ms)", d)
+			}
+			return
+		case <-time.After(100 * time.Millisecond):
+			_, _ = c.Write([]byte("b"))
+		}
+	}
+	t.Fatal("no answer within 6 s of a trickling body to an upstream that is down")
 }
