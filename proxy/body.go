@@ -188,6 +188,16 @@ type idleBody struct {
 	// length is the body's Content-Length (-1: chunked), n what was read.
 	length int64
 	n      atomic.Int64
+	due    atomic.Int64 // the deadline of the read under way (unix ns); 0 when none
+}
+
+// stalled reports whether the body stopped arriving for REQUEST_READ_TIMEOUT:
+// its read timed out, or is still under way past its deadline (net/http
+// cancels the request on the timeout before that read returns, and the
+// handler may ask first).
+func (b *idleBody) stalled(now time.Time) bool {
+	due := b.due.Load()
+	return b.timedOut.Load() || due != 0 && now.UnixNano() >= due
 }
 
 // complete reports whether the client's body was read whole: to its end,
@@ -232,7 +242,10 @@ func (b *idleBody) Read(p []byte) (int, error) {
 	}
 	b.wd.pause()
 	defer b.wd.resume()
-	_ = b.rc.SetReadDeadline(time.Now().Add(b.timeout))
+	due := time.Now().Add(b.timeout)
+	b.due.Store(due.UnixNano())
+	defer b.due.Store(0) // after timedOut is set below
+	_ = b.rc.SetReadDeadline(due)
 	if m := b.first; m != nil {
 		// net/http writes its "100 Continue" on the body's first read, and
 		// must not write it into a relayed 1xx: under the lock. A read of

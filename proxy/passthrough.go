@@ -61,7 +61,7 @@ func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *resul
 		switch {
 		case wd.body.ReadCloser == nil || wd.body.ended:
 			// No answer (plainError told why), or all of it.
-		case sw.body != nil && sw.body.timedOut.Load():
+		case sw.body != nil && sw.body.stalled(time.Now()):
 			// An upstream that answers before it has the whole body, and a
 			// body that then stalls: net/http cancels the request, and the
 			// answer's read ends "canceled", with no error of its own.
