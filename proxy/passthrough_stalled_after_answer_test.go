@@ -25,23 +25,7 @@ func TestPassthroughBodyStalledAfterTheAnswerBegan(t *testing.T) {
 		o.UpstreamTimeout = 5 * time.Second
 		o.RequestReadTimeout = 300 * time.Millisecond
 	})
-	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
-		rc := http.NewResponseController(w)
-		_ = rc.EnableFullDuplex()
-		buf := make([]byte, 3)
-		_, _ = io.ReadFull(r.Body, buf) // the first chunk
-		w.WriteHeader(http.StatusOK)
-		for range 300 { // a healthy stream, at most 3 s
-			if _, err := io.WriteString(w, "tick\n"); err != nil || rc.Flush() != nil {
-				return
-			}
-			select {
-			case <-r.Context().Done():
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-		}
-	})
+	e.setUpstream(streamEarly(nil, 300))
 	c := dialProxy(t, e)
 	defer c.Close()
 	// The first chunk, then nothing: the body stalls.
@@ -159,4 +143,31 @@ func TestPassthroughUpstreamDownTrickleBounded(t *testing.T) {
 		}
 	}
 	t.Fatal("no answer within 6 s of a trickling body to an upstream that is down")
+}
+
+// streamEarly is an upstream that answers 200 once it has the body's first
+// 3 bytes (full duplex: it does not wait for the rest) and streams a tick
+// every 10 ms, at most ticks, until its request ends. answered, when not
+// nil, gets a value once the first tick is flushed.
+func streamEarly(answered chan<- struct{}, ticks int) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		_ = rc.EnableFullDuplex()
+		buf := make([]byte, 3)
+		_, _ = io.ReadFull(r.Body, buf) // the first chunk: the Transport is sending the body
+		w.WriteHeader(http.StatusOK)
+		for i := range ticks {
+			if _, err := io.WriteString(w, "tick\n"); err != nil || rc.Flush() != nil {
+				return
+			}
+			if i == 0 && answered != nil {
+				answered <- struct{}{}
+			}
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
 }

@@ -31,26 +31,7 @@ func TestReview16cClientBodyBreakIsNotUpstreamsBreak(t *testing.T) {
 	for i := range attempts {
 		e := newEnv(t, miniBackend, func(o *proxy.Options) { o.UpstreamTimeout = 5 * time.Second })
 		answered := make(chan struct{}, 1)
-		e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
-			rc := http.NewResponseController(w)
-			_ = rc.EnableFullDuplex()
-			buf := make([]byte, 3)
-			_, _ = io.ReadFull(r.Body, buf) // the first chunk: the Transport is sending the body
-			w.WriteHeader(http.StatusOK)
-			_, _ = io.WriteString(w, "tick\n")
-			_ = rc.Flush()
-			answered <- struct{}{}
-			for range 200 { // a healthy stream, at most 2 s
-				if _, err := io.WriteString(w, "tick\n"); err != nil || rc.Flush() != nil {
-					return
-				}
-				select {
-				case <-r.Context().Done():
-					return
-				case <-time.After(10 * time.Millisecond):
-				}
-			}
-		})
+		e.setUpstream(streamEarly(answered, 200))
 		c := dialProxy(t, e)
 		fmt.Fprint(c, "POST /v1/orders HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
 		select {
