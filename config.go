@@ -339,8 +339,12 @@ func (c *Config) checkRedis(k *checker) {
 
 // checkRequests checks what a request may carry: the key header, methods, scope headers, the key prefix.
 func (c *Config) checkRequests(k *checker) {
-	if c.IdempotencyHeader == "" || strings.ContainsAny(c.IdempotencyHeader, " \t:,") {
-		k.bad("IDEMPOTENCY_HEADER=%q: not a header name", c.IdempotencyHeader)
+	// Names are RFC 9110 tokens: a value copied with its quotes
+	// (IDEMPOTENCY_HEADER="Idempotency-Key" from an env file) or a list
+	// written with ';' names a header no request carries, and would leave
+	// every request unkeyed or every caller in one scope.
+	if !proxy.ValidHeaderName(c.IdempotencyHeader) {
+		k.bad("IDEMPOTENCY_HEADER=%q: not a header name (an RFC 9110 token: no quotes, spaces or separators such as , ; : /)", c.IdempotencyHeader)
 	}
 	c.IdempotencyHeader = http.CanonicalHeaderKey(c.IdempotencyHeader)
 	if strings.ContainsAny(c.KeyPrefix, "{}") {
@@ -349,7 +353,7 @@ func (c *Config) checkRequests(k *checker) {
 	methods := make([]string, 0, len(c.Methods))
 	for _, m := range c.Methods {
 		m = strings.ToUpper(strings.TrimSpace(m))
-		if m == "" || strings.ContainsAny(m, " \t;:/") {
+		if !proxy.ValidHeaderName(m) { // a method is a token too
 			if !k.failed["METHODS"] {
 				k.bad("METHODS=%q: %q is not an HTTP method", k.value("METHODS", ""), m)
 				k.failed["METHODS"] = true // one message is enough
@@ -363,8 +367,11 @@ func (c *Config) checkRequests(k *checker) {
 	c.Methods = methods
 	for i, h := range c.ScopeHeaders {
 		c.ScopeHeaders[i] = strings.TrimSpace(h)
-		if c.ScopeHeaders[i] == "" {
+		switch {
+		case c.ScopeHeaders[i] == "":
 			k.bad("SCOPE_HEADERS=%q: empty header name", strings.Join(c.ScopeHeaders, ","))
+		case !proxy.ValidHeaderName(c.ScopeHeaders[i]):
+			k.bad("SCOPE_HEADERS=%q: %q is not a header name (an RFC 9110 token: no quotes, spaces or separators such as ; : /; names are separated by commas)", k.value("SCOPE_HEADERS", ""), c.ScopeHeaders[i])
 		}
 	}
 }

@@ -71,7 +71,7 @@ func ParseKeySource(src string) (*KeySource, error) {
 			p := keyPart{text: text}
 			switch kind {
 			case "header":
-				if !validHeaderName(arg) {
+				if !ValidHeaderName(arg) {
 					return nil, fmt.Errorf("part %q: not a header name (RFC 9110 token characters only)", text)
 				}
 				p.kind, p.name = partHeader, textproto.CanonicalMIMEHeaderKey(arg)
@@ -103,9 +103,9 @@ func ParseKeySource(src string) (*KeySource, error) {
 	return ks, nil
 }
 
-// validHeaderName reports whether s is an RFC 9110 token: a header name a
-// request can carry.
-func validHeaderName(s string) bool {
+// ValidHeaderName reports whether s is an RFC 9110 token: a header name a
+// request can carry (and, by the same grammar, a method name).
+func ValidHeaderName(s string) bool {
 	if s == "" {
 		return false
 	}

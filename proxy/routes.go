@@ -233,7 +233,7 @@ func parseRule(rule string) (Route, error) {
 			names := []string{}
 			if val != "" {
 				for n := range strings.SplitSeq(val, ",") {
-					if !validHeaderName(n) {
+					if !ValidHeaderName(n) {
 						return Route{}, fmt.Errorf("option scope=%s: %q is not a header name", val, n)
 					}
 					names = append(names, n)
