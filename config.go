@@ -394,13 +394,21 @@ func (c *Config) checkTimeouts(k *checker) {
 	if c.UpstreamTimeout > 0 && c.LockTTL > 0 && c.UpstreamTimeout >= c.LockTTL {
 		k.bad("UPSTREAM_TIMEOUT=%q must be below LOCK_TTL=%q: otherwise a request still running could lose its claim and execute twice",
 			k.value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()), k.value("LOCK_TTL", c.LockTTL.String()))
+	} else if c.UpstreamTimeout > 0 && c.LockTTL > 0 && c.claimSpan() >= c.LockTTL {
+		k.bad("REDIS_WAIT_TIMEOUT=%q + UPSTREAM_TIMEOUT=%q must be below LOCK_TTL=%q with REDIS_WAIT_REPLICAS: the lock runs from the claim, and WAIT holds the claim's answer "+
+			"for up to REDIS_WAIT_TIMEOUT before the request is forwarded; a lock that ends first lets a retry take the claim over while the first request still runs, and the key executes twice",
+			k.value("REDIS_WAIT_TIMEOUT", c.RedisWaitTimeout.String()), k.value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()), k.value("LOCK_TTL", c.LockTTL.String()))
 	}
-	if need := shutdownHeaderWindow + c.RequestReadTimeout + c.UpstreamTimeout + recordBudget; c.UpstreamTimeout > 0 && c.RequestReadTimeout > 0 && c.ShutdownTimeout > 0 && c.ShutdownTimeout < need {
-		k.bad("SHUTDOWN_TIMEOUT=%q must be at least REQUEST_READ_TIMEOUT=%q + UPSTREAM_TIMEOUT=%q + %v: on SIGTERM a connection accepted just before may still send its request for %v, "+
+	if need := shutdownHeaderWindow + c.RequestReadTimeout + c.claimSpan() + recordBudget; c.UpstreamTimeout > 0 && c.RequestReadTimeout > 0 && c.ShutdownTimeout > 0 && c.ShutdownTimeout < need {
+		wait := ""
+		if c.RedisWaitReplicas > 0 {
+			wait = fmt.Sprintf(" + REDIS_WAIT_TIMEOUT=%q (the claim's WAIT)", k.value("REDIS_WAIT_TIMEOUT", c.RedisWaitTimeout.String()))
+		}
+		k.bad("SHUTDOWN_TIMEOUT=%q must be at least REQUEST_READ_TIMEOUT=%q + UPSTREAM_TIMEOUT=%q%s + %v: on SIGTERM a connection accepted just before may still send its request for %v, "+
 			"a keyed request may then still be receiving its body, wait UPSTREAM_TIMEOUT for its answer and up to %v to record it; "+
 			"a shorter SHUTDOWN_TIMEOUT exits with its claim in flight, and the client's retry executes again after LOCK_TTL. Raise SHUTDOWN_TIMEOUT to %v or more (and the pod's termination grace period above it)",
 			k.value("SHUTDOWN_TIMEOUT", c.ShutdownTimeout.String()), k.value("REQUEST_READ_TIMEOUT", c.RequestReadTimeout.String()),
-			k.value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()), shutdownHeaderWindow+recordBudget, shutdownHeaderWindow, recordBudget, need)
+			k.value("UPSTREAM_TIMEOUT", c.UpstreamTimeout.String()), wait, shutdownHeaderWindow+recordBudget, shutdownHeaderWindow, recordBudget, need)
 	}
 	if c.TTL > 0 && c.LockTTL > 0 && c.TTL < c.LockTTL {
 		k.bad("TTL=%q must not be below LOCK_TTL=%q: a completed answer would be forgotten before an in-flight claim of the same key expires",
@@ -476,8 +484,12 @@ func (c *Config) checkRoutes(k *checker) {
 		k.bad("%v", err)
 	}
 	for _, rt := range routes {
-		if rt.LockTTL != nil && c.UpstreamTimeout >= *rt.LockTTL {
+		switch {
+		case rt.LockTTL != nil && c.UpstreamTimeout >= *rt.LockTTL:
 			k.bad("ROUTES rule %q: lock=%s must be above UPSTREAM_TIMEOUT=%q", rt.Rule, rt.LockTTL.String(), c.UpstreamTimeout.String())
+		case rt.LockTTL != nil && c.claimSpan() >= *rt.LockTTL:
+			k.bad("ROUTES rule %q: lock=%s must be above REDIS_WAIT_TIMEOUT=%q + UPSTREAM_TIMEOUT=%q with REDIS_WAIT_REPLICAS: WAIT holds the claim's answer before the request is forwarded, "+
+				"and a lock that ends first lets a retry execute the key again", rt.Rule, rt.LockTTL.String(), c.RedisWaitTimeout.String(), c.UpstreamTimeout.String())
 		}
 		// The route's effective TTL must not be below its effective lock.
 		ttl, ttlFrom := c.TTL, "TTL="+k.value("TTL", c.TTL.String())
@@ -500,10 +512,14 @@ func (c *Config) checkRoutes(k *checker) {
 func (c *Config) collectWarnings() {
 	// Allowed, but worth saying at start and in /readyz.
 	recordWindow := func(lock time.Duration, where string) {
-		if lock > c.UpstreamTimeout && lock-c.UpstreamTimeout < minRecordWindow {
+		if span := c.claimSpan(); lock > span && lock-span < minRecordWindow {
+			after := "UPSTREAM_TIMEOUT=" + c.UpstreamTimeout.String()
+			if c.RedisWaitReplicas > 0 {
+				after = "REDIS_WAIT_TIMEOUT=" + c.RedisWaitTimeout.String() + " + " + after
+			}
 			c.warnings = append(c.warnings, fmt.Sprintf(
-				"%s leaves %v after UPSTREAM_TIMEOUT=%s to record the answer; below %v a slow answer may not be recorded before its claim expires, and its retry executes again",
-				where, lock-c.UpstreamTimeout, c.UpstreamTimeout, minRecordWindow))
+				"%s leaves %v after %s to record the answer; below %v a slow answer may not be recorded before its claim expires, and its retry executes again",
+				where, lock-span, after, minRecordWindow))
 		}
 	}
 	recordWindow(c.LockTTL, "LOCK_TTL="+c.LockTTL.String())
@@ -577,6 +593,17 @@ func deriveUpstreamID(u *url.URL) string {
 // each keyed request in flight may buffer its body, and each answer being
 // recorded its body, in memory; records are single Redis values.
 const maxBufferedBytes = 64 << 20
+
+// claimSpan is the longest a claim's lock must hold from the claim until
+// the upstream's answer: the claim's WAIT (REDIS_WAIT_REPLICAS), which
+// returns the claim's answer only when the replicas acknowledged or
+// REDIS_WAIT_TIMEOUT ran out, then the upstream call.
+func (c *Config) claimSpan() time.Duration {
+	if c.RedisWaitReplicas > 0 && c.RedisWaitTimeout > 0 {
+		return c.RedisWaitTimeout + c.UpstreamTimeout
+	}
+	return c.UpstreamTimeout
+}
 
 // shutdownHeaderWindow: http.Server.Shutdown keeps a new connection that
 // has not sent its request yet until it is 5s old (counted in whole

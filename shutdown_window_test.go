@@ -69,7 +69,7 @@ func TestChartGraceDefaultDocumented(t *testing.T) {
 	}
 	shutdown := num(`(?m)^  shutdownTimeout: (\S+)`)
 	extra := num(`(?m)^terminationGraceExtraSeconds: (\d+)`)
-	m := regexp.MustCompile(`@default -- null \(derived: (\d+) \+ (\d+) = (\d+)\)`).FindStringSubmatch(values)
+	m := regexp.MustCompile(`@default -- null \(derived[^:]*: (\d+) \+ (\d+) = (\d+)\)`).FindStringSubmatch(values)
 	if m == nil {
 		t.Fatal("values.yaml: no '@default -- null (derived: A + B = C)' annotation")
 	}

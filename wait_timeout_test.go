@@ -23,7 +23,7 @@ func TestWaitTimeoutAboveReadTimeout(t *testing.T) {
 	srv := redistest.Start(t)
 	const wait = 5500 * time.Millisecond
 	cfg, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9", "REDIS_URL=" + srv.URL(),
-		"REDIS_WAIT_REPLICAS=1", "REDIS_WAIT_TIMEOUT=" + wait.String()})
+		"REDIS_WAIT_REPLICAS=1", "REDIS_WAIT_TIMEOUT=" + wait.String(), "SHUTDOWN_TIMEOUT=75s"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,8 @@ func TestWaitReadTimeoutOptions(t *testing.T) {
 	const up = "UPSTREAM_URL=http://127.0.0.1:9"
 	open := func(env ...string) redis.UniversalClient {
 		t.Helper()
-		cfg, err := loadConfig(append([]string{up}, env...))
+		// SHUTDOWN_TIMEOUT covers the claim's WAIT of 8s.
+		cfg, err := loadConfig(append([]string{up, "SHUTDOWN_TIMEOUT=75s"}, env...))
 		if err != nil {
 			t.Fatal(err)
 		}

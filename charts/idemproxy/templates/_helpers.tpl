@@ -262,6 +262,12 @@ Render-time checks. Each fails with a message that names the value to change.
 {{- end }}
 {{- $_ := include "idemproxy.addrPort" (dict "name" "config.listenAddr (LISTEN_ADDR)" "value" $c.listenAddr) }}
 {{- $_ = include "idemproxy.addrPort" (dict "name" "config.adminAddr (ADMIN_ADDR)" "value" $c.adminAddr) }}
+{{- /* A loopback listener is unreachable from the Service and the kubelet: with listenAddr every request is refused while /readyz says ready; with adminAddr the probes fail and the pod restarts forever. */}}
+{{- range $name, $addr := dict "config.listenAddr (LISTEN_ADDR)" $c.listenAddr "config.adminAddr (ADMIN_ADDR)" $c.adminAddr }}
+{{- if regexMatch "^(localhost|127\\.[0-9.]+|\\[::1\\]|\\[::ffff:127\\.[0-9.]+\\]):[0-9]+$" (lower (toString $addr)) }}
+{{- fail (printf "%s=%q listens on loopback only: in a pod neither the Service nor the kubelet's probes reach it. Give the port alone (e.g. \":8080\") to listen on every interface" $name (toString $addr)) }}
+{{- end }}
+{{- end }}
 {{- if eq (include "idemproxy.addrPort" (dict "name" "" "value" $c.listenAddr)) (include "idemproxy.addrPort" (dict "name" "" "value" $c.adminAddr)) }}
 {{- fail "config.listenAddr and config.adminAddr must use different ports" }}
 {{- end }}
@@ -305,16 +311,27 @@ Render-time checks. Each fails with a message that names the value to change.
 {{- if ge $upstream $lock }}
 {{- fail (printf "config.upstreamTimeout (UPSTREAM_TIMEOUT=%s) must be below config.lockTTL (LOCK_TTL=%s): a claim must outlive the upstream call it guards" $c.upstreamTimeout $c.lockTTL) }}
 {{- end }}
+{{- /* With WAIT the claim's answer comes back only after REDIS_WAIT_TIMEOUT at most, and the lock runs from the claim (as the proxy checks at start). */}}
+{{- $wait := 0.0 }}
+{{- if gt (int $c.redisWaitReplicas) 0 }}
+{{- $wait = include "idemproxy.durationSeconds" (dict "name" "config.redisWaitTimeout (REDIS_WAIT_TIMEOUT)" "value" $c.redisWaitTimeout) | float64 }}
+{{- end }}
+{{- if ge (addf $wait $upstream) $lock }}
+{{- fail (printf "config.redisWaitTimeout (REDIS_WAIT_TIMEOUT=%s) + config.upstreamTimeout (UPSTREAM_TIMEOUT=%s) must be below config.lockTTL (LOCK_TTL=%s) with config.redisWaitReplicas: WAIT holds the claim's answer before the request is forwarded, and a lock that ends first lets a retry execute the key again (the proxy refuses to start with it)" $c.redisWaitTimeout $c.upstreamTimeout $c.lockTTL) }}
+{{- end }}
 {{- $shutdown := include "idemproxy.durationSeconds" (dict "name" "config.shutdownTimeout (SHUTDOWN_TIMEOUT)" "value" $c.shutdownTimeout) | float64 }}
 {{- $read := include "idemproxy.durationSeconds" (dict "name" "config.requestReadTimeout (REQUEST_READ_TIMEOUT)" "value" $c.requestReadTimeout) | float64 }}
-{{- if lt $shutdown (addf $read $upstream 16.0) }}
-{{- fail (printf "config.shutdownTimeout (SHUTDOWN_TIMEOUT=%s) must be at least config.requestReadTimeout (REQUEST_READ_TIMEOUT=%s) + config.upstreamTimeout (UPSTREAM_TIMEOUT=%s) + 16s: on SIGTERM a request may still arrive for 6s on a connection accepted just before, may then still be receiving its body, wait UPSTREAM_TIMEOUT for its answer and up to 10s to record it; a shorter shutdown leaves its claim in flight and the retry executes again after LOCK_TTL (the proxy refuses to start with it)" $c.shutdownTimeout $c.requestReadTimeout $c.upstreamTimeout) }}
+{{- if lt $shutdown (addf $read $upstream $wait 16.0) }}
+{{- fail (printf "config.shutdownTimeout (SHUTDOWN_TIMEOUT=%s) must be at least config.requestReadTimeout (REQUEST_READ_TIMEOUT=%s) + config.upstreamTimeout (UPSTREAM_TIMEOUT=%s) + 16s, and + config.redisWaitTimeout (REDIS_WAIT_TIMEOUT=%s) with config.redisWaitReplicas: on SIGTERM a request may still arrive for 6s on a connection accepted just before, may then still be receiving its body, wait for its claim's WAIT and UPSTREAM_TIMEOUT for its answer, and up to 10s to record it; a shorter shutdown leaves its claim in flight and the retry executes again after LOCK_TTL (the proxy refuses to start with it)" $c.shutdownTimeout $c.requestReadTimeout $c.upstreamTimeout $c.redisWaitTimeout) }}
 {{- end }}
 {{- range $i, $r := $c.routes }}
 {{- if $r.lock }}
 {{- $rl := include "idemproxy.durationSeconds" (dict "name" (printf "config.routes[%d].lock" $i) "value" $r.lock) | float64 }}
 {{- if ge $upstream $rl }}
 {{- fail (printf "config.routes[%d] (%s %s): lock=%s must be above config.upstreamTimeout (UPSTREAM_TIMEOUT=%s)" $i (upper $r.method) $r.pattern $r.lock $c.upstreamTimeout) }}
+{{- end }}
+{{- if ge (addf $wait $upstream) $rl }}
+{{- fail (printf "config.routes[%d] (%s %s): lock=%s must be above config.redisWaitTimeout (REDIS_WAIT_TIMEOUT=%s) + config.upstreamTimeout (UPSTREAM_TIMEOUT=%s) with config.redisWaitReplicas" $i (upper $r.method) $r.pattern $r.lock $c.redisWaitTimeout $c.upstreamTimeout) }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -323,17 +340,20 @@ Render-time checks. Each fails with a message that names the value to change.
 {{- end }}
 
 {{/*
-terminationGracePeriodSeconds: the value given, which must be above SHUTDOWN_TIMEOUT, or
-ceil(SHUTDOWN_TIMEOUT) + terminationGraceExtraSeconds.
+terminationGracePeriodSeconds: the value given, which must be above SHUTDOWN_TIMEOUT plus a
+preStop sleep, or ceil(SHUTDOWN_TIMEOUT) + the preStop sleep + terminationGraceExtraSeconds.
 */}}
 {{- define "idemproxy.terminationGracePeriodSeconds" -}}
 {{- $shutdown := include "idemproxy.durationSeconds" (dict "name" "config.shutdownTimeout (SHUTDOWN_TIMEOUT)" "value" .Values.config.shutdownTimeout) | float64 }}
+{{- /* Kubernetes counts a preStop hook inside the grace period: SIGTERM comes after it. A sleep hook's seconds are known; an exec or httpGet hook's are not (terminationGraceExtraSeconds must cover it). */}}
+{{- $preStop := 0 }}
+{{- with .Values.lifecycle }}{{ with .preStop }}{{ with .sleep }}{{ $preStop = int .seconds }}{{ end }}{{ end }}{{ end }}
 {{- if kindIs "invalid" .Values.terminationGracePeriodSeconds }}
-{{- add (ceil $shutdown | int) (int .Values.terminationGraceExtraSeconds) }}
+{{- add (ceil $shutdown | int) $preStop (int .Values.terminationGraceExtraSeconds) }}
 {{- else }}
 {{- $grace := int .Values.terminationGracePeriodSeconds }}
-{{- if le (float64 $grace) $shutdown }}
-{{- fail (printf "terminationGracePeriodSeconds=%d must be above config.shutdownTimeout (SHUTDOWN_TIMEOUT=%s): Kubernetes would SIGKILL the proxy before in-flight requests are recorded. Raise it, or leave it null to derive it" $grace .Values.config.shutdownTimeout) }}
+{{- if le (float64 $grace) (addf $shutdown $preStop) }}
+{{- fail (printf "terminationGracePeriodSeconds=%d must be above config.shutdownTimeout (SHUTDOWN_TIMEOUT=%s) + the preStop sleep (%ds): Kubernetes counts the preStop hook inside the grace period and would SIGKILL the proxy before in-flight requests are recorded. Raise it, or leave it null to derive it" $grace .Values.config.shutdownTimeout $preStop) }}
 {{- end }}
 {{- $grace }}
 {{- end }}
