@@ -103,9 +103,12 @@ func (rd *readiness) result() ([]string, error) {
 	return rd.warnings, nil
 }
 
-// checkNow pings Redis and, on the first success, reads its settings.
+// checkNow pings Redis and, on the first success, reads its settings. Its
+// result is cached and shared by every caller, so it must not end with the
+// one caller that started it: a probe that timed out or an aborted request
+// would have made a healthy Redis "unreachable" for everyone.
 func (rd *readiness) checkNow(ctx context.Context) ([]string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	ping := rd.ping
 	if ping == nil {

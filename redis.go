@@ -233,7 +233,14 @@ func (s *store) configWarnings(ctx context.Context) ([]string, error) {
 	}
 	check := func(ctx context.Context, c redis.Cmdable, where string) ([]string, error) {
 		v, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+		if err != nil && (claim.Unavailable(err) || ctx.Err() != nil) {
+			// Redis did not answer this time: the settings are read
+			// once and their warning kept, so this must not stand for
+			// them. The check fails and is made again.
+			return nil, fmt.Errorf("read maxmemory-policy%s: %w", where, err)
+		}
 		if err != nil {
+			// A refusal (CONFIG renamed or denied, as managed Redis does).
 			return []string{fmt.Sprintf("store: could not read maxmemory-policy%s (%v); make sure it is noeviction", where, err)}, nil
 		}
 		if p := v["maxmemory-policy"]; p != "noeviction" {
