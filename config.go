@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -259,6 +260,7 @@ func (c *Config) checkRedis(k *checker) {
 	case "standalone":
 		if c.RedisURL != "" {
 			if opt, err := redis.ParseURL(c.RedisURL); err == nil {
+				checkRedisURLOptions(k, redactURL(c.RedisURL), opt)
 				// WAIT holds the connection for up to REDIS_WAIT_TIMEOUT: a
 				// read_timeout= that ends first makes every claim an I/O
 				// error. Without read_timeout= the proxy raises it itself.
@@ -303,8 +305,8 @@ func (c *Config) checkRedis(k *checker) {
 			k.bad("REDIS_ADDRS is required with REDIS_MODE=%s (comma-separated host:port seeds)", c.RedisMode)
 		}
 		for _, a := range addrs {
-			if h, port, ok := strings.Cut(a, ":"); !ok || h == "" || port == "" || strings.ContainsAny(a, " \t") {
-				k.bad("REDIS_ADDRS=%q: %q is not host:port", rawAddrs, a)
+			if !validHostPort(a) {
+				k.bad("REDIS_ADDRS=%q: %q is not host:port (a host name or IP address, [IPv6] in brackets, and a port from 1 to 65535; no redis:// scheme)", rawAddrs, a)
 			}
 		}
 		c.RedisAddrs = addrs
@@ -593,6 +595,53 @@ func deriveUpstreamID(u *url.URL) string {
 // each keyed request in flight may buffer its body, and each answer being
 // recorded its body, in memory; records are single Redis values.
 const maxBufferedBytes = 64 << 20
+
+// checkRedisURLOptions refuses go-redis options in REDIS_URL that would
+// take away a bound the proxy relies on, or that go-redis itself cannot
+// take (pool_size=-1 panics in it). shown is the URL without its password.
+func checkRedisURLOptions(k *checker, shown string, opt *redis.Options) {
+	// go-redis reads 0 and negative durations as "no timeout" (-1). The
+	// claim waits on these: go-redis does not apply context deadlines to
+	// its sockets, so without them a stalled Redis holds every keyed
+	// request, and the start-up check, for as long as it stalls.
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"dial_timeout", opt.DialTimeout}, {"read_timeout", opt.ReadTimeout}, {"write_timeout", opt.WriteTimeout}, {"pool_timeout", opt.PoolTimeout}} {
+		if d.v < 0 {
+			k.bad("REDIS_URL=%q: %s=%s turns the Redis client's timeout off; a stalled Redis would then hold keyed requests without end instead of answering 503. Give a positive duration, or leave it out for go-redis's default",
+				shown, d.name, urlQuery(shown, d.name))
+		}
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{{"pool_size", opt.PoolSize}, {"min_idle_conns", opt.MinIdleConns}, {"max_idle_conns", opt.MaxIdleConns}, {"max_active_conns", opt.MaxActiveConns}} {
+		if n.v < 0 {
+			k.bad("REDIS_URL=%q: %s=%d must not be negative (0 or leaving it out gives go-redis's default)", shown, n.name, n.v)
+		}
+	}
+}
+
+// urlQuery is the value of query parameter name in raw as written, for a
+// message.
+func urlQuery(raw, name string) string {
+	if u, err := url.Parse(raw); err == nil {
+		return u.Query().Get(name)
+	}
+	return "?"
+}
+
+// validHostPort reports whether a is host:port as a dialer takes it: a
+// non-empty host without a scheme, path or spaces, and a numeric port.
+func validHostPort(a string) bool {
+	host, port, err := net.SplitHostPort(a)
+	if err != nil || host == "" || strings.ContainsAny(host, " \t/@?#") {
+		return false
+	}
+	p, err := strconv.Atoi(port)
+	return err == nil && p >= 1 && p <= 65535
+}
 
 // claimSpan is the longest a claim's lock must hold from the claim until
 // the upstream's answer: the claim's WAIT (REDIS_WAIT_REPLICAS), which
