@@ -127,7 +127,10 @@ func (e *errPartInvalid) Error() string { return e.msg }
 // derive returns the key for r: the SOURCE text and the values of the
 // first alternative whose parts are all present, length-prefixed so that
 // ("a","bc") and ("ab","c") differ. errNoKey when no alternative is
-// complete; *errPartInvalid when a present part is unusable. body is the
+// complete; *errPartInvalid when the first complete one has a part present
+// but unusable (empty, too long, repeated). An alternative with a part
+// absent is passed over whatever its other parts hold, so that the order
+// of the parts never decides whether a request is refused. body is the
 // buffered request body (nil when the source reads none).
 func (ks *KeySource) derive(r *http.Request, body []byte, maxLen int) (string, error) {
 	bodyIsJSON := -1 // unknown yet
@@ -135,6 +138,12 @@ alternatives:
 	for _, alt := range ks.alts {
 		var vals [4]string
 		values := vals[:0]
+		var invalid *errPartInvalid // the first unusable part, told if all are present
+		bad := func(format string, a ...any) {
+			if invalid == nil {
+				invalid = &errPartInvalid{fmt.Sprintf(format, a...)}
+			}
+		}
 		for _, p := range alt {
 			var v string
 			switch p.kind {
@@ -144,7 +153,8 @@ alternatives:
 					continue alternatives
 				}
 				if len(vv) > 1 {
-					return "", &errPartInvalid{fmt.Sprintf("key part %s appears %d times; it must appear once", p.text, len(vv))}
+					bad("key part %s appears %d times; it must appear once", p.text, len(vv))
+					continue
 				}
 				v = vv[0]
 				if strings.HasPrefix(p.name, "Ce-") {
@@ -153,19 +163,22 @@ alternatives:
 					// that structured mode carries in its JSON.
 					d, err := url.PathUnescape(v)
 					if err != nil || !utf8.ValidString(d) {
-						return "", &errPartInvalid{fmt.Sprintf("key part %s is not a valid percent-encoded CloudEvents value", p.text)}
+						bad("key part %s is not a valid percent-encoded CloudEvents value", p.text)
+						continue
 					}
 					v = d
 				}
 			case partQuery:
 				n, val, err := queryParam(r.URL.RawQuery, p.name)
 				switch {
-				case err != nil:
-					return "", &errPartInvalid{fmt.Sprintf("key part %s: %v", p.text, err)}
-				case n == 0:
+				case n == 0 && err == nil:
 					continue alternatives
+				case err != nil:
+					bad("key part %s: %v", p.text, err)
+					continue
 				case n > 1:
-					return "", &errPartInvalid{fmt.Sprintf("key part %s appears %d times; it must appear once", p.text, n)}
+					bad("key part %s appears %d times; it must appear once", p.text, n)
+					continue
 				}
 				v = val
 			case partJSON:
@@ -189,13 +202,17 @@ alternatives:
 					continue alternatives
 				}
 			}
-			if v == "" {
-				return "", &errPartInvalid{fmt.Sprintf("key part %s is empty", p.text)}
+			switch {
+			case v == "":
+				bad("key part %s is empty", p.text)
+			case len(v) > maxLen:
+				bad("key part %s is longer than %d bytes", p.text, maxLen)
+			default:
+				values = append(values, v)
 			}
-			if len(v) > maxLen {
-				return "", &errPartInvalid{fmt.Sprintf("key part %s is longer than %d bytes", p.text, maxLen)}
-			}
-			values = append(values, v)
+		}
+		if invalid != nil {
+			return "", invalid
 		}
 		return ks.key(values), nil
 	}
