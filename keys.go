@@ -655,13 +655,27 @@ func (kc *keysCmd) announceOnEveryNode(ctx context.Context, k claim.Key) {
 
 // watchPurges runs s.WatchPurges on rdb until the returned close function
 // is called, which then closes the store with closeStore. So `idemproxy
-// keys purge` reaches this replica's replay cache.
-func watchPurges(s *claim.Store, rdb redis.UniversalClient, closeStore func()) func() {
+// keys purge` reaches this replica's replay cache. While the subscription
+// fails the replay cache is off; that is logged when it starts, when its
+// cause changes, and when it ends.
+func watchPurges(s *claim.Store, rdb redis.UniversalClient, closeStore func(), logger zerolog.Logger) func() {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
+	var last string // the failure last logged; "" none
+	report := func(err error) {
+		switch {
+		case err == nil && last != "":
+			logger.Info().Msg("purge subscription confirmed: replay cache on again")
+			last = ""
+		case err != nil && err.Error() != last:
+			last = err.Error()
+			logger.Error().Err(err).Msg("purge subscription failed: the replay cache is off (replays are read from Redis) until it succeeds, so that `idemproxy keys purge` is never missed. " +
+				"NOPERM: give the proxy's Redis user the channel (ACL SETUSER <user> &<KEY_PREFIX>purge)")
+		}
+	}
 	go func() {
 		defer close(done)
-		_ = s.WatchPurges(ctx, rdb)
+		_ = s.WatchPurges(ctx, rdb, report)
 	}()
 	return func() {
 		cancel()

@@ -150,7 +150,7 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 			_ = tr.shutdown(context.Background())
 		}
 	}()
-	storeOpts := []claim.Option{claim.ReplayCache(cfg.ReplayCacheBytes, replayCacheMaxAge), claim.Upstream(cfg.upstreamID), claim.Tracing(tr.provider()),
+	storeOpts := []claim.Option{claim.ReplayCache(cfg.ReplayCacheBytes, replayCacheMaxAge), claim.CacheAfterSubscribed(), claim.Upstream(cfg.upstreamID), claim.Tracing(tr.provider()),
 		claim.StringRecords(cfg.RecordFormat == "string")}
 	if cfg.RedisWaitReplicas > 0 {
 		storeOpts = append(storeOpts, claim.WaitReplicas(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout))
@@ -161,7 +161,7 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 		return nil, err
 	}
 	cs := claim.NewStore(scripter, cfg.KeyPrefix, metrics.ObserveScript, storeOpts...)
-	st.close = watchPurges(cs, st.client, st.close) // idemproxy keys purge reaches this replica's replay cache
+	st.close = watchPurges(cs, st.client, st.close, logger) // idemproxy keys purge reaches this replica's replay cache
 	h, err := proxy.New(cs, proxy.Options{
 		Upstream:           cfg.upstream,
 		KeyHeader:          cfg.IdempotencyHeader,

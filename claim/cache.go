@@ -22,6 +22,10 @@ type replayCache struct {
 	// began before one (an older generation) is dropped: its record may
 	// be the purged one, read just before the purge and cached after it.
 	gen uint64
+	// off: the cache neither serves nor keeps anything, while purges
+	// cannot reach it (Store.WatchPurges: the subscription is not
+	// confirmed, or Redis refuses it).
+	off bool
 }
 
 type queued struct {
@@ -45,7 +49,7 @@ func (c *replayCache) get(k Key) (Fingerprint, *Record, uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[k]
-	if !ok {
+	if !ok || c.off {
 		return Fingerprint{}, nil, c.gen, false
 	}
 	if !now.Before(e.expires) {
@@ -70,7 +74,7 @@ func (c *replayCache) put(k Key, fp Fingerprint, rec *Record, encodedLen int, ex
 	e := &cacheEntry{fp: fp, rec: rec, expires: expires, size: size}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if gen != c.gen {
+	if gen != c.gen || c.off {
 		return // a purge since the read: rec may be what it deleted
 	}
 	if old, ok := c.m[k]; ok {
@@ -139,6 +143,19 @@ func (c *replayCache) evict(k Key) {
 func (c *replayCache) clear() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.clearLocked()
+}
+
+// setOff drops every entry and turns the cache off (on with false: it
+// serves and keeps records again, from empty).
+func (c *replayCache) setOff(off bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.clearLocked()
+	c.off = off
+}
+
+func (c *replayCache) clearLocked() {
 	c.gen++
 	for k, e := range c.m {
 		c.remove(k, e)

@@ -150,6 +150,7 @@ type Store struct {
 	waitReplicas int
 	waitTimeout  time.Duration
 	cache        *replayCache
+	cacheGated   bool         // the cache waits for WatchPurges (CacheAfterSubscribed)
 	tracer       trace.Tracer // nil: no spans (see Tracing)
 }
 
@@ -178,6 +179,15 @@ func ReplayCache(maxBytes int, maxAge time.Duration) Option {
 			s.cache = newReplayCache(maxBytes, maxAge)
 		}
 	}
+}
+
+// CacheAfterSubscribed makes the ReplayCache serve and keep records only
+// while WatchPurges holds a confirmed subscription to PurgeChannel: from
+// its confirmation on, and not while Redis refuses it (a Redis user without
+// the channel in its ACL) or before it is made. A purge must reach the
+// cache; one that cannot is not trusted with replays.
+func CacheAfterSubscribed() Option {
+	return func(s *Store) { s.cacheGated = true }
 }
 
 // Upstream binds every record this Store writes to the upstream identified
@@ -222,6 +232,9 @@ func NewStore(rdb redis.Scripter, prefix string, obs Observer, opts ...Option) *
 	s := &Store{rdb: rdb, prefix: prefix, obs: obs, format: defaultFormat}
 	for _, o := range opts {
 		o(s)
+	}
+	if s.cacheGated && s.cache != nil {
+		s.cache.off = true // until WatchPurges is subscribed
 	}
 	return s
 }

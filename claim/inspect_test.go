@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -192,7 +193,7 @@ func TestWatchPurges(t *testing.T) {
 		}, claim.ReplayCache(1<<20, time.Hour))
 	}
 	done := make(chan error, 1)
-	go func() { done <- stores[0].WatchPurges(ctx, rdb) }() // stores[1] does not watch
+	go func() { done <- stores[0].WatchPurges(ctx, rdb, nil) }() // stores[1] does not watch
 	testutil.Eventually(t, 5*time.Second, "the store subscribes to "+claim.PurgeChannel("t:"), func() bool {
 		n, _ := rdb.PubSubNumSub(ctx, claim.PurgeChannel("t:")).Result()
 		return n[claim.PurgeChannel("t:")] == 1
@@ -254,7 +255,7 @@ func TestWatchPurgesWithoutCache(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	s := claim.NewStore(rdb, "t:", nil)
-	if err := s.WatchPurges(context.Background(), rdb); err != nil {
+	if err := s.WatchPurges(context.Background(), rdb, nil); err != nil {
 		t.Errorf("WatchPurges: %v", err)
 	}
 	if n, _ := rdb.PubSubNumSub(context.Background(), claim.PurgeChannel("t:")).Result(); n[claim.PurgeChannel("t:")] != 0 {
@@ -263,3 +264,63 @@ func TestWatchPurgesWithoutCache(t *testing.T) {
 }
 
 var _ claim.Subscriber = (*redis.ClusterClient)(nil)
+
+// TestCacheAfterSubscribedWaitsForTheWatch: with CacheAfterSubscribed the
+// replay cache serves nothing until WatchPurges holds a confirmed
+// subscription (a purge could not reach it before), then serves as usual.
+func TestCacheAfterSubscribedWaitsForTheWatch(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var hits atomic.Int64
+	s := claim.NewStore(rdb, "t:", func(e claim.Event) {
+		if e.Op == claim.OpCacheHit {
+			hits.Add(1)
+		}
+	}, claim.ReplayCache(1<<20, time.Hour), claim.CacheAfterSubscribed())
+	k := claim.NewKey(nil, "gated")
+	terms := claim.Terms{LockTTL: time.Minute, TTL: time.Hour}
+	lease, _, err := s.Acquire(ctx, k, fp("f"), terms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Complete(ctx, &claim.Record{Status: 201}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	replay := func() {
+		t.Helper()
+		if _, rec, err := s.Acquire(ctx, k, fp("f"), terms); rec == nil || err != nil {
+			t.Fatalf("replay: %v %v", rec, err)
+		}
+	}
+	for range 3 {
+		replay()
+	}
+	if n := hits.Load(); n != 0 {
+		t.Errorf("before WatchPurges: %d cache hits, want 0", n)
+	}
+	confirmed := make(chan error, 4)
+	done := make(chan error, 1)
+	go func() { done <- s.WatchPurges(ctx, rdb, func(err error) { confirmed <- err }) }()
+	select {
+	case err := <-confirmed:
+		if err != nil {
+			t.Fatalf("WatchPurges reported %v, want the confirmation (nil)", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no confirmation from WatchPurges within 10s")
+	}
+	for range 3 {
+		replay()
+	}
+	if n := hits.Load(); n != 2 {
+		t.Errorf("subscribed: %d cache hits of 3 replays, want 2 (the first fills the cache)", n)
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("WatchPurges did not return after its context ended")
+	}
+}

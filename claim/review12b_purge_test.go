@@ -59,7 +59,7 @@ func TestReview12bPurgeRacingReplayCachePut(t *testing.T) {
 	hs := &review12bHookScripter{Client: rdb}
 	s := claim.NewStore(hs, "t:", nil, claim.ReplayCache(1<<20, time.Minute))
 	done := make(chan error, 1)
-	go func() { done <- s.WatchPurges(ctx, rdb) }()
+	go func() { done <- s.WatchPurges(ctx, rdb, nil) }()
 	defer func() {
 		cancel()
 		select {
