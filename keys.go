@@ -236,6 +236,15 @@ func (kc *keysCmd) redisFailed(err error) error {
 	if cfg.RedisMode != "standalone" {
 		where = fmt.Sprintf("REDIS_MODE=%s REDIS_ADDRS=%q", cfg.RedisMode, strings.Join(cfg.RedisAddrs, ","))
 	}
+	if cfg.RedisMode == "sentinel" {
+		// The command's own deadline has passed by now: the sentinels get
+		// a short one of their own (explainSentinel bounds it to 2s).
+		ctx, cancel := context.WithTimeout(context.Background(), min(kc.timeout, 2*time.Second))
+		defer cancel()
+		if e := explainSentinel(ctx, cfg, err); e != err { //nolint:errorlint // identity: explained or not
+			return fmt.Errorf("keys %s: %w", kc.name, e)
+		}
+	}
 	return fmt.Errorf("keys %s: Redis (%s): %w", kc.name, where, err)
 }
 

@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,6 +47,9 @@ type store struct {
 	client   redis.UniversalClient
 	embedded *miniredis.Miniredis
 	close    func()
+	// explain, when set, turns a failure into what an operator can act on
+	// (Sentinel: a REDIS_MASTER_NAME that no sentinel monitors).
+	explain func(context.Context, error) error
 }
 
 // openRedis connects to the configured Redis, or starts the embedded one.
@@ -97,7 +102,8 @@ func openRedisBounded(cfg *Config, logger zerolog.Logger, limit time.Duration) (
 		}
 		if cfg.RedisMode == "sentinel" {
 			c := redis.NewFailoverClient(u.Failover())
-			return &store{client: c, close: func() { _ = c.Close() }}, nil
+			explain := func(ctx context.Context, err error) error { return explainSentinel(ctx, cfg, err) }
+			return &store{client: c, close: func() { _ = c.Close() }, explain: explain}, nil
 		}
 		co := u.Cluster()
 		// go-redis re-reads the slot map on MOVED/ASK, or when it is older
@@ -221,7 +227,58 @@ func (s *store) ping(ctx context.Context) error {
 			return nil
 		})
 	}
-	return s.client.Ping(ctx).Err()
+	err := s.client.Ping(ctx).Err()
+	if err != nil && s.explain != nil {
+		err = s.explain(ctx, err)
+	}
+	return err
+}
+
+// explainSentinel: go-redis says "all sentinels specified in configuration
+// are unreachable" also when every sentinel answered that it monitors no
+// master of REDIS_MASTER_NAME. Asked again, the sentinels tell which: when
+// some answer and none knows the name, that is the error (naming the
+// variable and its value), not the network. Otherwise err as it was.
+func explainSentinel(ctx context.Context, cfg *Config, err error) error {
+	if !strings.Contains(err.Error(), "all sentinels specified in configuration are unreachable") {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var tlsConfig *tls.Config
+	if cfg.RedisTLS {
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	answered, known := 0, 0
+	for _, addr := range cfg.RedisAddrs {
+		wg.Go(func() {
+			sc := redis.NewSentinelClient(&redis.Options{
+				Addr: addr, Username: cfg.RedisSentinelUsername, Password: cfg.RedisSentinelPassword, TLSConfig: tlsConfig,
+				MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
+			})
+			defer sc.Close()
+			_, gerr := sc.GetMasterAddrByName(ctx, cfg.RedisMasterName).Result()
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case gerr == nil:
+				answered++
+				known++
+			case errors.Is(gerr, redis.Nil):
+				answered++
+			}
+		})
+	}
+	wg.Wait()
+	if answered > 0 && known == 0 {
+		// go-redis's own words ("unreachable") would say the reverse of
+		// what happened: they are left out.
+		return fmt.Errorf("REDIS_MASTER_NAME=%q: %d of %d sentinels of REDIS_ADDRS answered, and none monitors a master of that name (SENTINEL MASTERS lists the names they do)",
+			cfg.RedisMasterName, answered, len(cfg.RedisAddrs))
+	}
+	return err
 }
 
 // configWarnings reads settings that weaken the guarantee. An evicted record
