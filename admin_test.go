@@ -233,3 +233,17 @@ func TestAdminAddrSetButEmptyDisablesAdmin(t *testing.T) {
 		})
 	}
 }
+
+// TestAdminServerDeadlines: the admin listener bounds every read and write
+// and closes idle connections, as the proxy's does (review17b: it had only a
+// header timeout, so idle keep-alive connections were held for ever). The
+// durations themselves are minutes, too long to wait for here.
+func TestAdminServerDeadlines(t *testing.T) {
+	up := newUpstream(t)
+	a, _ := startEnv(t, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0")
+	s := a.adminSrv
+	if s.ReadHeaderTimeout <= 0 || s.ReadTimeout <= 0 || s.WriteTimeout <= 0 || s.IdleTimeout <= 0 {
+		t.Errorf("admin server: ReadHeaderTimeout %v, ReadTimeout %v, WriteTimeout %v, IdleTimeout %v; want each above zero",
+			s.ReadHeaderTimeout, s.ReadTimeout, s.WriteTimeout, s.IdleTimeout)
+	}
+}

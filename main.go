@@ -204,7 +204,11 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 			return nil, fmt.Errorf("ADMIN_ADDR=%q: %w", cfg.AdminAddr, err)
 		}
 		a.adminAddr = al.Addr()
-		a.adminSrv = &http.Server{Handler: adminHandler(reg, rd), ReadHeaderTimeout: 10 * time.Second, ErrorLog: newStdLog(logger)}
+		// Every read and write has a deadline here too, and an idle
+		// connection is closed: whoever reaches the admin port must not
+		// hold connections (file descriptors) open for ever.
+		a.adminSrv = &http.Server{Handler: adminHandler(reg, rd), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
+			WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: newStdLog(logger)}
 		go a.serve(a.adminSrv, al)
 	}
 	go a.serve(a.proxySrv, pl)
