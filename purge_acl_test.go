@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/internal/testutil"
 )
@@ -28,15 +30,8 @@ import (
 // 1 s" (contract, keys purge). Nothing tells anyone: no log line at info,
 // no /readyz warning, and the README names no ACL requirement.
 func TestPurgeUnheardWithoutChannelACL(t *testing.T) {
-	srv := redistest.Start(t)
+	srv, admin, up, a, _ := channelRefusedProxy(t)
 	ctx := context.Background()
-	admin := srv.Client()
-	if err := admin.Do(ctx, "ACL", "SETUSER", "idemproxy", "on", ">proxy-secret", "~idem:*", "+@all", "resetchannels").Err(); err != nil {
-		t.Fatal(err)
-	}
-	up := newUpstream(t)
-	proxyURL := "redis://idemproxy:proxy-secret@" + srv.Addr() + "/0"
-	a, _ := startEnv(t, "UPSTREAM_URL="+up.URL, "REDIS_URL="+proxyURL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0")
 	c := newClient(t)
 	url := "http://" + a.proxyAddr.String() + "/v1/orders"
 
@@ -83,14 +78,8 @@ func TestPurgeUnheardWithoutChannelACL(t *testing.T) {
 // a purge is never missed); once the channel is granted, the cache is on
 // again and answers replays without a round trip.
 func TestReplayCacheOffWhileThePurgeSubscriptionIsRefused(t *testing.T) {
-	srv := redistest.Start(t)
+	_, admin, _, a, logs := channelRefusedProxy(t)
 	ctx := context.Background()
-	admin := srv.Client()
-	if err := admin.Do(ctx, "ACL", "SETUSER", "idemproxy", "on", ">proxy-secret", "~idem:*", "+@all", "resetchannels").Err(); err != nil {
-		t.Fatal(err)
-	}
-	up := newUpstream(t)
-	a, logs := startEnv(t, "UPSTREAM_URL="+up.URL, "REDIS_URL=redis://idemproxy:proxy-secret@"+srv.Addr()+"/0", "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0")
 	c := newClient(t)
 	url := "http://" + a.proxyAddr.String() + "/v1/orders"
 	testutil.Eventually(t, 10*time.Second, "the refused subscription is logged", func() bool {
@@ -138,4 +127,19 @@ func TestReplayCacheOffWhileThePurgeSubscriptionIsRefused(t *testing.T) {
 	if n := scripts() - before; n != 1 {
 		t.Errorf("with the purge channel granted, 3 replays ran %d scripts in Redis; want 1 (the first fills the cache)", n)
 	}
+}
+
+// channelRefusedProxy starts a real Redis with a user restricted to the
+// proxy's keys the usual way (Redis 7 gives it no Pub/Sub channel), and a
+// proxy that connects as that user. admin is the default user.
+func channelRefusedProxy(t *testing.T) (srv *redistest.Server, admin *redis.Client, up *testutil.Upstream, a *app, logs *testutil.SyncBuffer) {
+	t.Helper()
+	srv = redistest.Start(t)
+	admin = srv.Client()
+	if err := admin.Do(context.Background(), "ACL", "SETUSER", "idemproxy", "on", ">proxy-secret", "~idem:*", "+@all", "resetchannels").Err(); err != nil {
+		t.Fatal(err)
+	}
+	up = newUpstream(t)
+	a, logs = startEnv(t, "UPSTREAM_URL="+up.URL, "REDIS_URL=redis://idemproxy:proxy-secret@"+srv.Addr()+"/0", "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0")
+	return srv, admin, up, a, logs
 }
