@@ -678,8 +678,11 @@ func watchPurges(s *claim.Store, rdb redis.UniversalClient, closeStore func(), l
 			last = ""
 		case err != nil && err.Error() != last:
 			last = err.Error()
-			logger.Error().Err(err).Msg("purge subscription failed: the replay cache is off (replays are read from Redis) until it succeeds, so that `idemproxy keys purge` is never missed. " +
-				"NOPERM: give the proxy's Redis user the channel (ACL SETUSER <user> &<KEY_PREFIX>purge)")
+			msg := "purge subscription failed: the replay cache is off (replays are read from Redis) until a new one is confirmed, so that `idemproxy keys purge` is never missed"
+			if strings.Contains(err.Error(), "NOPERM") {
+				msg += "; give the proxy's Redis user the channel (ACL SETUSER <user> &<KEY_PREFIX>purge)"
+			}
+			logger.Error().Err(err).Msg(msg)
 		}
 	}
 	go func() {
