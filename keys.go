@@ -597,8 +597,8 @@ const purgeWatchStopWait = time.Second
 // PUBLISH on that node reaches it at once. A replica also hears the master's
 // PUBLISH through replication: a proxy may hear a purge twice, which is
 // harmless. Best effort: a node that cannot be reached is noted on stderr
-// (a proxy subscribed there has lost its connection, and drops its whole
-// replay cache when it subscribes again).
+// (a proxy still subscribed there stops hearing its own probes, published
+// on the master, and turns its replay cache off within 20 s).
 func (kc *keysCmd) announceOnEveryNode(ctx context.Context, k claim.Key) {
 	cfg := kc.cfg
 	var tlsConfig *tls.Config
@@ -655,7 +655,7 @@ func (kc *keysCmd) announceOnEveryNode(ctx context.Context, k claim.Key) {
 			if err := c.Publish(ctx, claim.PurgeChannel(cfg.KeyPrefix), k.String()).Err(); err != nil {
 				mu.Lock()
 				defer mu.Unlock()
-				fmt.Fprintf(kc.stderr, "idemproxy keys purge: could not announce it on %s too (%v); a proxy subscribed there drops its replay cache when it subscribes again\n", addr, err)
+				fmt.Fprintf(kc.stderr, "idemproxy keys purge: could not announce it on %s too (%v); a proxy still subscribed there notices within 20 s (its probe goes unheard) and drops its replay cache\n", addr, err)
 			}
 		})
 	}
@@ -664,21 +664,24 @@ func (kc *keysCmd) announceOnEveryNode(ctx context.Context, k claim.Key) {
 
 // watchPurges runs s.WatchPurges on rdb until the returned close function
 // is called, which then closes the store with closeStore. So `idemproxy
-// keys purge` reaches this replica's replay cache. While the subscription
-// fails the replay cache is off; that is logged when it starts, when its
-// cause changes, and when it ends.
+// keys purge` reaches this replica's replay cache. A failed subscription is
+// logged when it starts, when its cause changes, and when it ends.
 func watchPurges(s *claim.Store, rdb redis.UniversalClient, closeStore func(), logger zerolog.Logger) func() {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	var last string // the failure last logged; "" none
-	report := func(err error) {
+	report := func(err error, cacheOff bool) {
 		switch {
 		case err == nil && last != "":
-			logger.Info().Msg("purge subscription confirmed: replay cache on again")
+			logger.Info().Msg("purge subscription confirmed: replay cache on again, from empty")
 			last = ""
 		case err != nil && err.Error() != last:
 			last = err.Error()
-			msg := "purge subscription failed: the replay cache is off (replays are read from Redis) until a new one is confirmed, so that `idemproxy keys purge` is never missed"
+			if !cacheOff {
+				logger.Warn().Err(err).Msg("purge subscription lost while Redis does not answer: no purge can be made meanwhile, so the replay cache keeps answering; it is emptied when a new subscription is confirmed")
+				return
+			}
+			msg := "purge subscription failed while Redis answers: the replay cache is off (replays are read from Redis) until a new one is confirmed, so that `idemproxy keys purge` is never missed"
 			if strings.Contains(err.Error(), "NOPERM") {
 				msg += "; give the proxy's Redis user the channel (ACL SETUSER <user> &<KEY_PREFIX>purge)"
 			}

@@ -2,6 +2,8 @@ package claim
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -15,23 +17,31 @@ import (
 // it from its replay cache.
 func PurgeChannel(prefix string) string { return prefix + "purge" }
 
-// Subscriber opens a Pub/Sub subscription; the standalone, Sentinel and
-// Cluster clients of go-redis all are one.
+// Subscriber is what WatchPurges needs of a Redis client: go-redis's
+// standalone, Sentinel and Cluster clients all are one.
 type Subscriber interface {
 	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
+	Publish(ctx context.Context, channel string, message any) *redis.IntCmd
+	Ping(ctx context.Context) *redis.StatusCmd
 }
 
 // subscribeConfirmWait bounds the wait for Redis's confirmation of the
 // purge subscription (or its refusal).
 const subscribeConfirmWait = 5 * time.Second
 
-// purgeIdleCheck: a subscription that has heard nothing for this long is
-// asked for a PING; no answer by the next check ends it. A connection that
-// closed is noticed at once, one that hangs silently within twice this.
-const purgeIdleCheck = 10 * time.Second
+// purgeProbeEvery: a confirmed subscription publishes a probe of its own
+// this often, through the command connection (where `idemproxy keys purge`
+// publishes too), and must hear it back within as long. One that does not
+// is not where purges are published (Sentinel moved the master but could
+// not reconfigure the old one, which still answers), or its connection
+// hangs.
+var purgeProbeEvery = 10 * time.Second // (a variable: the tests shorten it)
 
-// Backoff between subscription attempts that Redis refused, did not
-// answer, or lost.
+// redisCheckWait bounds the PING that tells a lost subscription from a lost
+// Redis.
+const redisCheckWait = 2 * time.Second
+
+// Backoff between subscription attempts.
 const (
 	subscribeRetryFirst = time.Second
 	subscribeRetryMax   = 30 * time.Second
@@ -41,28 +51,33 @@ const (
 // cache until ctx ends, then returns nil. A purged record would otherwise
 // still be replayed from memory for up to the cache's maximum age.
 //
-// The cache is on only while the subscription stands, confirmed by Redis:
-// from the confirmation on (the cache starting empty, since a purge may have
-// been missed before), until Redis refuses it (a user whose ACL has no such
-// channel: NOPERM), the connection is lost or stops answering. Then the
-// cache is turned off, the error handed to report, and a new subscription
-// tried, backing off from 1 s to 30 s; report gets nil when one is
-// confirmed. (go-redis's own re-subscription is not used: a refusal of it
-// goes unseen, and the cache would stay on while no purge can reach it.)
-// Without a replay cache it returns at once and subscribes to nothing.
-// report may be nil.
-func (s *Store) WatchPurges(ctx context.Context, sub Subscriber, report func(error)) error {
+// The cache answers only while a purge can reach it. It is turned on, from
+// empty (a purge may have been missed before), when Redis confirms the
+// subscription. It is turned off when the subscription fails while Redis
+// answers commands, since purges can then be made and not heard: Redis
+// refused it (a user whose ACL has no such channel: NOPERM), its connection
+// closed, or it did not hear a probe it published. A subscription lost
+// because Redis is unreachable leaves the cache as it was: no purge can be
+// made meanwhile, and a replay in the cache is still answered (README,
+// "Redis unreachable"); it is emptied when a new subscription is confirmed.
+// Each failure is handed to report with whether the cache is off, and a new
+// subscription tried: every second while the cache is on, else backing off
+// from 1 s to 30 s; report gets nil, false at each confirmation. (go-redis's
+// own re-subscription is not used: a refusal of it goes unseen.) Without a
+// replay cache it returns at once and subscribes to nothing. report may be
+// nil.
+func (s *Store) WatchPurges(ctx context.Context, sub Subscriber, report func(err error, cacheOff bool)) error {
 	if s.cache == nil {
 		return nil
 	}
 	if report == nil {
-		report = func(error) {}
+		report = func(error, bool) {}
 	}
 	backoff := subscribeRetryFirst
 	for {
 		ps := sub.Subscribe(ctx, PurgeChannel(s.prefix))
 		stop := context.AfterFunc(ctx, func() { _ = ps.Close() }) // ends a read under way at once
-		confirmed, err := s.follow(ctx, ps, report)
+		confirmed, err := s.follow(ctx, sub, ps, report)
 		stop()
 		// Closed in the background: while go-redis redials a stalled Redis
 		// it holds the PubSub's lock for a dial and read timeout (seconds),
@@ -71,12 +86,19 @@ func (s *Store) WatchPurges(ctx context.Context, sub Subscriber, report func(err
 		if ctx.Err() != nil {
 			return nil
 		}
-		s.cache.setOff(true)
-		report(fmt.Errorf("subscription to %s: %w", PurgeChannel(s.prefix), err))
+		off := redisAnswers(ctx, sub)
+		if off {
+			s.cache.setOff(true)
+		}
+		report(fmt.Errorf("subscription to %s: %w", PurgeChannel(s.prefix), err), off)
 		if confirmed {
 			backoff = subscribeRetryFirst // it stood: this is a new trouble
 		}
-		t := time.NewTimer(backoff)
+		wait := backoff
+		if !s.cache.isOff() {
+			wait = subscribeRetryFirst // so that the cache is emptied soon after Redis is back
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -87,15 +109,28 @@ func (s *Store) WatchPurges(ctx context.Context, sub Subscriber, report func(err
 	}
 }
 
+// redisAnswers reports whether Redis answers a command now.
+func redisAnswers(ctx context.Context, sub Subscriber) bool {
+	ctx, cancel := context.WithTimeout(ctx, redisCheckWait)
+	defer cancel()
+	return sub.Ping(ctx).Err() == nil
+}
+
 // follow reads the subscription ps until it fails (the error) or ctx ends:
-// Redis's confirmation turns the cache on, each announcement evicts its key.
-// confirmed reports whether Redis had confirmed it.
-func (s *Store) follow(ctx context.Context, ps *redis.PubSub, report func(error)) (confirmed bool, _ error) {
-	pinged := false
+// Redis's confirmation turns the cache on, each announcement evicts its key,
+// and a probe published through sub every purgeProbeEvery must come back.
+// confirmed reports whether Redis had confirmed the subscription.
+func (s *Store) follow(ctx context.Context, sub Subscriber, ps *redis.PubSub, report func(error, bool)) (confirmed bool, _ error) {
+	var probe string        // the probe awaited; "" none
+	var due, next time.Time // when it must have come back; when the next is sent
 	for {
-		wait := purgeIdleCheck
-		if !confirmed {
-			wait = subscribeConfirmWait
+		wait := subscribeConfirmWait
+		if confirmed {
+			wait = time.Until(next)
+			if probe != "" {
+				wait = time.Until(due)
+			}
+			wait = max(wait, time.Millisecond)
 		}
 		msg, err := ps.ReceiveTimeout(ctx, wait)
 		if ctx.Err() != nil {
@@ -106,30 +141,42 @@ func (s *Store) follow(ctx context.Context, ps *redis.PubSub, report func(error)
 		case err == nil:
 		case !confirmed:
 			return false, fmt.Errorf("not confirmed: %w", err)
-		case errors.As(err, &ne) && ne.Timeout() && !pinged:
-			if err := ps.Ping(ctx); err != nil {
-				return true, fmt.Errorf("ping: %w", err)
-			}
-			pinged = true
-			continue
-		case errors.As(err, &ne) && ne.Timeout():
-			return true, fmt.Errorf("no answer to a PING within %v", purgeIdleCheck)
-		default:
+		case !errors.As(err, &ne) || !ne.Timeout():
 			return true, err
+		case probe != "" && !time.Now().Before(due):
+			return true, fmt.Errorf("did not hear its own probe within %v: it is not on the node where purges are published (a failover that could not reconfigure the old master?), or its connection hangs", purgeProbeEvery)
+		case probe == "" && !time.Now().Before(next):
+			token, perr := newProbe()
+			if perr == nil {
+				pctx, cancel := context.WithTimeout(ctx, redisCheckWait)
+				perr = sub.Publish(pctx, PurgeChannel(s.prefix), token).Err()
+				cancel()
+			}
+			if perr != nil {
+				// Redis takes no command now: no purge can be published
+				// either. Asked again later.
+				next = time.Now().Add(purgeProbeEvery)
+				continue
+			}
+			probe, due = token, time.Now().Add(purgeProbeEvery)
+			continue
+		default:
+			continue
 		}
-		pinged = false
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			switch {
 			case m.Kind == "subscribe" && !confirmed:
-				confirmed = true
+				confirmed, next = true, time.Now().Add(purgeProbeEvery)
 				s.cache.setOff(false)
-				report(nil)
+				report(nil, false)
 			case m.Kind != "subscribe":
 				return confirmed, fmt.Errorf("unexpected %s", m.Kind)
 			}
 		case *redis.Message:
-			if k, err := ParseKeyHash(m.Payload); err == nil {
+			if probe != "" && m.Payload == probe {
+				probe, next = "", time.Now().Add(purgeProbeEvery)
+			} else if k, err := ParseKeyHash(m.Payload); err == nil {
 				s.cache.evict(k)
 			}
 		case *redis.Pong:
@@ -139,4 +186,14 @@ func (s *Store) follow(ctx context.Context, ps *redis.PubSub, report func(error)
 			}
 		}
 	}
+}
+
+// newProbe is a payload no key hash can be (every replica hears every
+// probe, and ignores the others').
+func newProbe() (string, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("purge probe: %w", err)
+	}
+	return "probe-" + hex.EncodeToString(b[:]), nil
 }
