@@ -664,23 +664,35 @@ func (kc *keysCmd) announceOnEveryNode(ctx context.Context, k claim.Key) {
 
 // watchPurges runs s.WatchPurges on rdb until the returned close function
 // is called, which then closes the store with closeStore. So `idemproxy
-// keys purge` reaches this replica's replay cache. A failed subscription is
-// logged when it starts, when its cause changes, and when it ends.
+// keys purge` reaches this replica's replay cache.
 func watchPurges(s *claim.Store, rdb redis.UniversalClient, closeStore func(), logger zerolog.Logger) func() {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	var last string // the failure last logged; "" none
+	// Logged when the state changes, and again at most once a minute while
+	// a failure lasts (errors carry changing local ports, and a lost
+	// subscription is tried again every second while Redis does not answer).
+	const every = time.Minute
+	state, loggedAt := "ok", time.Time{}
 	report := func(err error, cacheOff bool) {
+		now, was := time.Now(), state
 		switch {
-		case err == nil && last != "":
+		case err == nil:
+			state = "ok"
+		case cacheOff:
+			state = "off"
+		default:
+			state = "unreachable"
+		}
+		if state == was && (state == "ok" || now.Sub(loggedAt) < every) {
+			return
+		}
+		loggedAt = now
+		switch state {
+		case "ok":
 			logger.Info().Msg("purge subscription confirmed: replay cache on again, from empty")
-			last = ""
-		case err != nil && err.Error() != last:
-			last = err.Error()
-			if !cacheOff {
-				logger.Warn().Err(err).Msg("purge subscription lost while Redis does not answer: no purge can be made meanwhile, so the replay cache keeps answering; it is emptied when a new subscription is confirmed")
-				return
-			}
+		case "unreachable":
+			logger.Warn().Err(err).Msg("purge subscription lost while Redis does not answer: no purge can be made meanwhile, so the replay cache keeps answering; it is emptied when a new subscription is confirmed")
+		default:
 			msg := "purge subscription failed while Redis answers: the replay cache is off (replays are read from Redis) until a new one is confirmed, so that `idemproxy keys purge` is never missed"
 			if strings.Contains(err.Error(), "NOPERM") {
 				msg += "; give the proxy's Redis user the channel (ACL SETUSER <user> &<KEY_PREFIX>purge)"
