@@ -669,31 +669,18 @@ func watchPurges(s *claim.Store, rdb redis.UniversalClient, closeStore func(), l
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	// Logged when the state changes, and again at most once a minute while
-	// a failure lasts (errors carry changing local ports, and a lost
-	// subscription is tried again every second while Redis does not answer).
+	// a failure lasts (errors carry changing local ports).
 	const every = time.Minute
-	state, loggedAt := "ok", time.Time{}
-	report := func(err error, cacheOff bool) {
-		now, was := time.Now(), state
+	failing, loggedAt := false, time.Time{}
+	report := func(err error) {
+		now, was := time.Now(), failing
+		failing = err != nil
 		switch {
-		case err == nil:
-			state = "ok"
-		case cacheOff:
-			state = "off"
-		default:
-			state = "unreachable"
-		}
-		if state == was && (state == "ok" || now.Sub(loggedAt) < every) {
-			return
-		}
-		loggedAt = now
-		switch state {
-		case "ok":
+		case !failing && was:
 			logger.Info().Msg("purge subscription confirmed: replay cache on again, from empty")
-		case "unreachable":
-			logger.Warn().Err(err).Msg("purge subscription lost while Redis does not answer: no purge can be made meanwhile, so the replay cache keeps answering; it is emptied when a new subscription is confirmed")
-		default:
-			msg := "purge subscription failed while Redis answers: the replay cache is off (replays are read from Redis) until a new one is confirmed, so that `idemproxy keys purge` is never missed"
+		case failing && (!was || now.Sub(loggedAt) >= every):
+			loggedAt = now
+			msg := "purge subscription failed: the replay cache is off (replays are read from Redis, or follow FAIL_MODE while it is unreachable) until a new one is confirmed, so that `idemproxy keys purge` is never missed"
 			if strings.Contains(err.Error(), "NOPERM") {
 				msg += "; give the proxy's Redis user the channel (ACL SETUSER <user> &<KEY_PREFIX>purge)"
 			}

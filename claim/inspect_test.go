@@ -302,7 +302,7 @@ func TestCacheAfterSubscribedWaitsForTheWatch(t *testing.T) {
 	}
 	confirmed := make(chan error, 4)
 	done := make(chan error, 1)
-	go func() { done <- s.WatchPurges(ctx, rdb, func(err error, _ bool) { confirmed <- err }) }()
+	go func() { done <- s.WatchPurges(ctx, rdb, func(err error) { confirmed <- err }) }()
 	select {
 	case err := <-confirmed:
 		if err != nil {

@@ -22,7 +22,6 @@ func PurgeChannel(prefix string) string { return prefix + "purge" }
 type Subscriber interface {
 	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
 	Publish(ctx context.Context, channel string, message any) *redis.IntCmd
-	Ping(ctx context.Context) *redis.StatusCmd
 }
 
 // subscribeConfirmWait bounds the wait for Redis's confirmation of the
@@ -34,12 +33,11 @@ const subscribeConfirmWait = 5 * time.Second
 // publishes too), and must hear it back within as long. One that does not
 // is not where purges are published (Sentinel moved the master but could
 // not reconfigure the old one, which still answers), or its connection
-// hangs.
+// hangs, or this replica is cut off from Redis.
 var purgeProbeEvery = 10 * time.Second // (a variable: the tests shorten it)
 
-// redisCheckWait bounds the PING that tells a lost subscription from a lost
-// Redis.
-const redisCheckWait = 2 * time.Second
+// probePublishWait bounds the probe's PUBLISH.
+const probePublishWait = 2 * time.Second
 
 // Backoff between subscription attempts.
 const (
@@ -51,27 +49,23 @@ const (
 // cache until ctx ends, then returns nil. A purged record would otherwise
 // still be replayed from memory for up to the cache's maximum age.
 //
-// The cache answers only while a purge can reach it. It is turned on, from
-// empty (a purge may have been missed before), when Redis confirms the
-// subscription. It is turned off when the subscription fails while Redis
-// answers commands, since purges can then be made and not heard: Redis
-// refused it (a user whose ACL has no such channel: NOPERM), its connection
-// closed, or it did not hear a probe it published. A subscription lost
-// because Redis is unreachable leaves the cache as it was: no purge can be
-// made meanwhile, and a replay in the cache is still answered (README,
-// "Redis unreachable"); it is emptied when a new subscription is confirmed.
-// Each failure is handed to report with whether the cache is off, and a new
-// subscription tried: every second while the cache is on, else backing off
-// from 1 s to 30 s; report gets nil, false at each confirmation. (go-redis's
-// own re-subscription is not used: a refusal of it goes unseen.) Without a
-// replay cache it returns at once and subscribes to nothing. report may be
-// nil.
-func (s *Store) WatchPurges(ctx context.Context, sub Subscriber, report func(err error, cacheOff bool)) error {
+// The cache answers only while a purge is known to reach it. It is turned
+// on, from empty (a purge may have been missed before), when Redis
+// confirms the subscription, and off as soon as the subscription fails:
+// Redis refused it (a user whose ACL has no such channel: NOPERM), its
+// connection closed, or its probe could not be published or was not heard
+// back. Whatever the cause, Redis unreachable included: a replica cut off
+// from Redis cannot hear a purge made from elsewhere. Each failure is handed
+// to report, and a new subscription tried, backing off from 1 s to 30 s;
+// report gets nil at each confirmation. (go-redis's own re-subscription is
+// not used: a refusal of it goes unseen.) Without a replay cache it returns
+// at once and subscribes to nothing. report may be nil.
+func (s *Store) WatchPurges(ctx context.Context, sub Subscriber, report func(error)) error {
 	if s.cache == nil {
 		return nil
 	}
 	if report == nil {
-		report = func(error, bool) {}
+		report = func(error) {}
 	}
 	backoff := subscribeRetryFirst
 	for {
@@ -86,19 +80,12 @@ func (s *Store) WatchPurges(ctx context.Context, sub Subscriber, report func(err
 		if ctx.Err() != nil {
 			return nil
 		}
-		off := redisAnswers(ctx, sub)
-		if off {
-			s.cache.setOff(true)
-		}
-		report(fmt.Errorf("subscription to %s: %w", PurgeChannel(s.prefix), err), off)
+		s.cache.setOff(true)
+		report(fmt.Errorf("subscription to %s: %w", PurgeChannel(s.prefix), err))
 		if confirmed {
 			backoff = subscribeRetryFirst // it stood: this is a new trouble
 		}
-		wait := backoff
-		if !s.cache.isOff() {
-			wait = subscribeRetryFirst // so that the cache is emptied soon after Redis is back
-		}
-		t := time.NewTimer(wait)
+		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -109,18 +96,11 @@ func (s *Store) WatchPurges(ctx context.Context, sub Subscriber, report func(err
 	}
 }
 
-// redisAnswers reports whether Redis answers a command now.
-func redisAnswers(ctx context.Context, sub Subscriber) bool {
-	ctx, cancel := context.WithTimeout(ctx, redisCheckWait)
-	defer cancel()
-	return sub.Ping(ctx).Err() == nil
-}
-
 // follow reads the subscription ps until it fails (the error) or ctx ends:
 // Redis's confirmation turns the cache on, each announcement evicts its key,
 // and a probe published through sub every purgeProbeEvery must come back.
 // confirmed reports whether Redis had confirmed the subscription.
-func (s *Store) follow(ctx context.Context, sub Subscriber, ps *redis.PubSub, report func(error, bool)) (confirmed bool, _ error) {
+func (s *Store) follow(ctx context.Context, sub Subscriber, ps *redis.PubSub, report func(error)) (confirmed bool, _ error) {
 	var probe string        // the probe awaited; "" none
 	var due, next time.Time // when it must have come back; when the next is sent
 	for {
@@ -144,19 +124,19 @@ func (s *Store) follow(ctx context.Context, sub Subscriber, ps *redis.PubSub, re
 		case !errors.As(err, &ne) || !ne.Timeout():
 			return true, err
 		case probe != "" && !time.Now().Before(due):
-			return true, fmt.Errorf("did not hear its own probe within %v: it is not on the node where purges are published (a failover that could not reconfigure the old master?), or its connection hangs", purgeProbeEvery)
+			return true, fmt.Errorf("did not hear its own probe within %v: it is not on the node where purges are published (a failover that could not reconfigure the old master?), its connection hangs, or this replica is cut off from Redis", purgeProbeEvery)
 		case probe == "" && !time.Now().Before(next):
-			token, perr := newProbe()
-			if perr == nil {
-				pctx, cancel := context.WithTimeout(ctx, redisCheckWait)
-				perr = sub.Publish(pctx, PurgeChannel(s.prefix), token).Err()
-				cancel()
+			token, err := newProbe()
+			if err != nil {
+				return true, err
 			}
-			if perr != nil {
-				// Redis takes no command now: no purge can be published
-				// either. Asked again later.
-				next = time.Now().Add(purgeProbeEvery)
-				continue
+			pctx, cancel := context.WithTimeout(ctx, probePublishWait)
+			err = sub.Publish(pctx, PurgeChannel(s.prefix), token).Err()
+			cancel()
+			if err != nil {
+				// Unverified is untrusted: a replica that cannot publish
+				// where purges are cannot tell whether it hears them.
+				return true, fmt.Errorf("publish its probe: %w", err)
 			}
 			probe, due = token, time.Now().Add(purgeProbeEvery)
 			continue
@@ -169,7 +149,7 @@ func (s *Store) follow(ctx context.Context, sub Subscriber, ps *redis.PubSub, re
 			case m.Kind == "subscribe" && !confirmed:
 				confirmed, next = true, time.Now().Add(purgeProbeEvery)
 				s.cache.setOff(false)
-				report(nil, false)
+				report(nil)
 			case m.Kind != "subscribe":
 				return confirmed, fmt.Errorf("unexpected %s", m.Kind)
 			}

@@ -45,7 +45,7 @@ func TestCacheOffWhenResubscribeIsRefused(t *testing.T) {
 	reports := make(chan error, 64)
 	done := make(chan error, 1)
 	go func() {
-		done <- s.WatchPurges(ctx, proxyRdb, func(err error, _ bool) {
+		done <- s.WatchPurges(ctx, proxyRdb, func(err error) {
 			select {
 			case reports <- err:
 			default:
