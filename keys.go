@@ -681,7 +681,10 @@ func watchPurges(s *claim.Store, rdb redis.UniversalClient, closeStore func(), l
 		case failing && (!was || now.Sub(loggedAt) >= every):
 			loggedAt = now
 			msg := "purge subscription failed: the replay cache is off (replays are read from Redis, or follow FAIL_MODE while it is unreachable) until a new one is confirmed, so that `idemproxy keys purge` is never missed"
-			if strings.Contains(err.Error(), "NOPERM") {
+			switch e := err.Error(); {
+			case strings.Contains(e, "NOPERM") && strings.Contains(e, "publish its probe"):
+				msg += "; give the proxy's Redis user PUBLISH on the channel (ACL SETUSER <user> +publish &<KEY_PREFIX>purge)"
+			case strings.Contains(e, "NOPERM"):
 				msg += "; give the proxy's Redis user the channel (ACL SETUSER <user> &<KEY_PREFIX>purge)"
 			}
 			logger.Error().Err(err).Msg(msg)

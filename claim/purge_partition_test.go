@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -242,10 +243,35 @@ func TestWatchHungSubscriptionNoticed(t *testing.T) {
 }
 
 // TestWatchProbeRefusedTurnsCacheOff: a proxy user without PUBLISH gets
-// NOPERM for every probe. Unverified is untrusted: the cache is off (it was
-// taken for Redis being unreachable, and the subscription never checked
-// again).
+// NOPERM for every probe. Unverified is untrusted: the cache never turns
+// on (before, the refusal was taken for Redis being unreachable and the
+// subscription never checked again; then the cache went on at each
+// confirmation, for a probe period, unverified).
 func TestWatchProbeRefusedTurnsCacheOff(t *testing.T) {
 	t.Parallel()
-	partSubscriptionHangs(t, false, "partn:")
+	srv := redistest.Start(t)
+	admin := srv.Client()
+	ctx := context.Background()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "proxy", "on", ">pw", "~*", "&*", "+@all", "-publish").Err(); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "proxy", Password: "pw", MaxRetries: 1, DialerRetries: 1})
+	defer rdb.Close()
+	w := watchFor(t, rdb, "partn:")
+	if err := w.next(10*time.Second, "the first report"); err == nil || !strings.Contains(err.Error(), "publish its probe") || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("first report %v, want the refused probe", err)
+	}
+	k := claim.NewKey(nil, "refused")
+	w.complete(ctx, k)
+	for range 3 {
+		if hit, rec, err := w.fromCache(ctx, k); hit || rec == nil || err != nil {
+			t.Errorf("with the probe refused: cache hit %v (want none), replay %v, err %v", hit, rec, err)
+		}
+	}
+	// Two more cycles: never confirmed, never on.
+	for range 2 {
+		if err := w.next(10*time.Second, "the next refusal"); err == nil {
+			t.Fatalf("a cycle reported the cache on although its probe was refused; reports %v", w.reported())
+		}
+	}
 }
