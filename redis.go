@@ -240,7 +240,11 @@ func (s *store) ping(ctx context.Context) error {
 // some answer and none knows the name, that is the error (naming the
 // variable and its value), not the network. Otherwise err as it was.
 func explainSentinel(ctx context.Context, cfg *Config, err error) error {
-	if !strings.Contains(err.Error(), "all sentinels specified in configuration are unreachable") {
+	// Only when a sentinel answered "no such master" (go-redis's redis.Nil
+	// in the joined errors): a sentinel that does not answer at all is
+	// what the message says, and asking again would only take more time
+	// (idemproxy keys must end within --timeout).
+	if msg := err.Error(); !strings.Contains(msg, "all sentinels specified in configuration are unreachable") || !strings.Contains(msg, redis.Nil.Error()) {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
