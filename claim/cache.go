@@ -22,9 +22,8 @@ type replayCache struct {
 	// began before one (an older generation) is dropped: its record may
 	// be the purged one, read just before the purge and cached after it.
 	gen uint64
-	// off: the cache neither serves nor keeps anything, while purges
-	// cannot reach it (Store.WatchPurges: the subscription is not
-	// confirmed, or Redis refuses it).
+	// off: the cache neither serves nor keeps anything, while purges are
+	// not known to reach it (Store.WatchPurges: no verified subscription).
 	off bool
 }
 

@@ -182,10 +182,9 @@ func ReplayCache(maxBytes int, maxAge time.Duration) Option {
 }
 
 // CacheAfterSubscribed makes the ReplayCache serve and keep records only
-// while WatchPurges holds a confirmed subscription to PurgeChannel: from
-// its confirmation on, and not while Redis refuses it (a Redis user without
-// the channel in its ACL) or before it is made. A purge must reach the
-// cache; one that cannot is not trusted with replays.
+// while WatchPurges holds a verified subscription to PurgeChannel (see
+// WatchPurges): not before, and not from the moment it fails. A purge must
+// reach the cache; one that may not is not trusted with replays.
 func CacheAfterSubscribed() Option {
 	return func(s *Store) { s.cacheGated = true }
 }
@@ -234,7 +233,7 @@ func NewStore(rdb redis.Scripter, prefix string, obs Observer, opts ...Option) *
 		o(s)
 	}
 	if s.cacheGated && s.cache != nil {
-		s.cache.off = true // until WatchPurges is subscribed
+		s.cache.off = true // until WatchPurges has verified its subscription
 	}
 	return s
 }
