@@ -3,13 +3,10 @@ package claim_test
 // The purge watch keeps its own deadlines while go-redis blocks (review17g).
 
 import (
-	"bytes"
 	"context"
-	"net"
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -38,11 +35,11 @@ func TestWatchOwnDeadlineWhilePublishBlocks(t *testing.T) {
 	// max(5s, 15s+1s), no ContextTimeoutEnabled.
 	rdb := redis.NewClient(&redis.Options{Addr: relay.Addr(), MaxRetries: 1, DialerRetries: 1, ReadTimeout: 16 * time.Second})
 	defer rdb.Close()
-	k := claim.NewKey(nil, "r17g-bound")
-	w := partCachedAndConfirmed(t, rdb, "r17gb:", k)
+	k := claim.NewKey(nil, "bound")
+	w := partCachedAndConfirmed(t, rdb, "boundp:", k)
 
 	relay.freeze(true, true) // this replica is cut off; the operator is not
-	if ok, err := claim.NewInspector(srv.Client(), "r17gb:").Purge(context.Background(), k); !ok || err != nil {
+	if ok, err := claim.NewInspector(srv.Client(), "boundp:").Purge(context.Background(), k); !ok || err != nil {
 		t.Fatalf("purge from the operator's host: %v %v", ok, err)
 	}
 	// One probe period until the probe is due, 2 s for its PUBLISH
@@ -66,7 +63,7 @@ func TestWatchNoLeakAcrossCycles(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialerRetries: 1})
 	defer rdb.Close()
 	ctx := context.Background()
-	w := watchFor(t, rdb, "r17gl:")
+	w := watchFor(t, rdb, "leak:")
 	w.until(10*time.Second, true, "the first confirmation")
 	clients := func() int {
 		n, err := admin.Info(ctx, "clients").Result()
@@ -108,98 +105,6 @@ func TestWatchNoLeakAcrossCycles(t *testing.T) {
 	}
 }
 
-// r17gRelay forwards TCP connections to target. cut closes the connections
-// that sent SUBSCRIBE and from then on carries no byte on any connection,
-// old or new (new ones are accepted, then hang): a load balancer or pod
-// network that reset the replica's subscription and then went dark.
-type r17gRelay struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	dark   bool
-	subs   []net.Conn
-	all    []net.Conn
-}
-
-func r17gStartRelay(t *testing.T, target string) *r17gRelay {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &r17gRelay{ln: ln, target: target}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			r.mu.Lock()
-			r.all = append(r.all, c)
-			dark := r.dark
-			r.mu.Unlock()
-			if dark {
-				continue // accepted, never answered
-			}
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			r.mu.Lock()
-			r.all = append(r.all, u)
-			r.mu.Unlock()
-			go r.pipe(c, u, c, true)
-			go r.pipe(u, c, c, false)
-		}
-	}()
-	t.Cleanup(r.close)
-	return r
-}
-
-func (r *r17gRelay) close() {
-	_ = r.ln.Close()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, c := range r.all {
-		_ = c.Close()
-	}
-}
-
-func (r *r17gRelay) Addr() string { return r.ln.Addr().String() }
-
-func (r *r17gRelay) pipe(src, dst, client net.Conn, fromClient bool) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			r.mu.Lock()
-			if fromClient && bytes.Contains(bytes.ToLower(buf[:n]), []byte("subscribe")) {
-				r.subs = append(r.subs, client)
-			}
-			dark := r.dark
-			r.mu.Unlock()
-			if dark {
-				continue // swallowed
-			}
-			if _, err := dst.Write(buf[:n]); err != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func (r *r17gRelay) cut() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.dark = true
-	for _, c := range r.subs {
-		_ = c.Close()
-	}
-}
-
 // TestWatchOwnDeadlineWhileRedialing: README "turned off as soon as
 // the subscription fails: ... its connection closes". When the Pub/Sub
 // connection is closed, go-redis's PubSub redials and re-handshakes inside
@@ -212,15 +117,15 @@ func (r *r17gRelay) cut() {
 func TestWatchOwnDeadlineWhileRedialing(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	relay := r17gStartRelay(t, srv.Addr())
+	relay := partStartRelay(t, srv.Addr())
 	rdb := redis.NewClient(&redis.Options{Addr: relay.Addr(), MaxRetries: 1, DialerRetries: 1, ReadTimeout: 16 * time.Second})
 	defer rdb.Close()
 	defer relay.close() // before the watch is stopped: lets go-redis's hung redial end
-	k := claim.NewKey(nil, "r17g-closed")
-	w := partCachedAndConfirmed(t, rdb, "r17gc:", k)
+	k := claim.NewKey(nil, "closed")
+	w := partCachedAndConfirmed(t, rdb, "boundc:", k)
 
 	relay.cut() // the subscription's connection is closed, and this replica's path to Redis goes dark
-	if ok, err := claim.NewInspector(srv.Client(), "r17gc:").Purge(context.Background(), k); !ok || err != nil {
+	if ok, err := claim.NewInspector(srv.Client(), "boundc:").Purge(context.Background(), k); !ok || err != nil {
 		t.Fatalf("purge from the operator's host: %v %v", ok, err)
 	}
 	if d, still := partStillReplayed(w, k, 5*time.Second); still {

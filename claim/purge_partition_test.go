@@ -35,11 +35,13 @@ type partRelay struct {
 	frozenSub bool
 	closed    bool
 	conns     []net.Conn
+	links     []*partLink
 }
 
 type partLink struct {
-	mu  sync.Mutex
-	sub bool // sent SUBSCRIBE
+	client net.Conn
+	mu     sync.Mutex
+	sub    bool // sent SUBSCRIBE
 }
 
 func partStartRelay(t *testing.T, target string) *partRelay {
@@ -62,6 +64,25 @@ func (r *partRelay) freeze(all, sub bool) {
 	r.frozenAll, r.frozenSub = all, sub
 	r.cond.Broadcast()
 	r.mu.Unlock()
+}
+
+// cut closes the client side of the connections that sent SUBSCRIBE and
+// freezes every connection, old and new: a load balancer or pod network
+// that reset the replica's subscription and then went dark.
+func (r *partRelay) cut() {
+	r.mu.Lock()
+	r.frozenAll = true
+	r.cond.Broadcast()
+	links := append([]*partLink(nil), r.links...)
+	r.mu.Unlock()
+	for _, l := range links {
+		l.mu.Lock()
+		sub := l.sub
+		l.mu.Unlock()
+		if sub {
+			_ = l.client.Close()
+		}
+	}
 }
 
 func (r *partRelay) close() {
@@ -93,9 +114,10 @@ func (r *partRelay) accept() {
 			_ = u.Close()
 			return
 		}
+		l := &partLink{client: c}
 		r.conns = append(r.conns, c, u)
+		r.links = append(r.links, l)
 		r.mu.Unlock()
-		l := &partLink{}
 		go r.pipe(c, u, l, true)
 		go r.pipe(u, c, l, false)
 	}
