@@ -7,7 +7,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -601,13 +600,9 @@ const purgeWatchStopWait = time.Second
 // on the master, and turns its replay cache off within 20 s).
 func (kc *keysCmd) announceOnEveryNode(ctx context.Context, k claim.Key) {
 	cfg := kc.cfg
-	var tlsConfig *tls.Config
-	if cfg.RedisTLS {
-		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
 	client := func(addr, user, password string) *redis.Client {
 		return redis.NewClient(&redis.Options{
-			Addr: addr, Username: user, Password: password, TLSConfig: tlsConfig,
+			Addr: addr, Username: user, Password: password, TLSConfig: redisTLS(cfg),
 			MaxRetries: -1, DialerRetries: dialerRetries,
 			ContextTimeoutEnabled: true, DialTimeout: kc.timeout, ReadTimeout: kc.timeout, WriteTimeout: kc.timeout,
 		})
@@ -620,11 +615,7 @@ func (kc *keysCmd) announceOnEveryNode(ctx context.Context, k claim.Key) {
 	asked := 0
 	for _, addr := range cfg.RedisAddrs {
 		wg.Go(func() {
-			sc := redis.NewSentinelClient(&redis.Options{
-				Addr: addr, Username: cfg.RedisSentinelUsername, Password: cfg.RedisSentinelPassword, TLSConfig: tlsConfig,
-				MaxRetries: -1, DialerRetries: dialerRetries,
-				ContextTimeoutEnabled: true, DialTimeout: kc.timeout, ReadTimeout: kc.timeout, WriteTimeout: kc.timeout,
-			})
+			sc := sentinelClient(cfg, addr, kc.timeout)
 			defer sc.Close()
 			master, merr := sc.GetMasterAddrByName(ctx, cfg.RedisMasterName).Result()
 			replicas, rerr := sc.Replicas(ctx, cfg.RedisMasterName).Result()

@@ -97,9 +97,7 @@ func openRedisBounded(cfg *Config, logger zerolog.Logger, limit time.Duration) (
 			ReadTimeout:      readTimeout,
 		}
 		bound(&u.ContextTimeoutEnabled, &u.DialTimeout, &u.ReadTimeout, &u.WriteTimeout)
-		if cfg.RedisTLS {
-			u.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-		}
+		u.TLSConfig = redisTLS(cfg)
 		if cfg.RedisMode == "sentinel" {
 			c := redis.NewFailoverClient(u.Failover())
 			explain := func(ctx context.Context, err error) error { return explainSentinel(ctx, cfg, err) }
@@ -234,6 +232,25 @@ func (s *store) ping(ctx context.Context) error {
 	return err
 }
 
+// sentinelClient is a client of one sentinel of REDIS_ADDRS, with the
+// sentinels' own credentials, for a single question: no retry, and every
+// dial, read and write bounded by timeout and the context's deadline.
+func sentinelClient(cfg *Config, addr string, timeout time.Duration) *redis.SentinelClient {
+	return redis.NewSentinelClient(&redis.Options{
+		Addr: addr, Username: cfg.RedisSentinelUsername, Password: cfg.RedisSentinelPassword, TLSConfig: redisTLS(cfg),
+		MaxRetries: -1, DialerRetries: dialerRetries,
+		ContextTimeoutEnabled: true, DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout,
+	})
+}
+
+// redisTLS is the TLS configuration of REDIS_TLS (nil without it).
+func redisTLS(cfg *Config) *tls.Config {
+	if !cfg.RedisTLS {
+		return nil
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12}
+}
+
 // explainSentinel: go-redis says "all sentinels specified in configuration
 // are unreachable" also when every sentinel answered that it monitors no
 // master of REDIS_MASTER_NAME. Asked again, the sentinels tell which: when
@@ -249,19 +266,12 @@ func explainSentinel(ctx context.Context, cfg *Config, err error) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	var tlsConfig *tls.Config
-	if cfg.RedisTLS {
-		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	answered, known := 0, 0
 	for _, addr := range cfg.RedisAddrs {
 		wg.Go(func() {
-			sc := redis.NewSentinelClient(&redis.Options{
-				Addr: addr, Username: cfg.RedisSentinelUsername, Password: cfg.RedisSentinelPassword, TLSConfig: tlsConfig,
-				MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
-			})
+			sc := sentinelClient(cfg, addr, time.Second)
 			defer sc.Close()
 			_, gerr := sc.GetMasterAddrByName(ctx, cfg.RedisMasterName).Result()
 			mu.Lock()

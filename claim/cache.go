@@ -138,15 +138,8 @@ func (c *replayCache) evict(k Key) {
 	}
 }
 
-// clear drops every entry (purges may have been missed).
-func (c *replayCache) clear() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.clearLocked()
-}
-
-// setOff drops every entry and turns the cache off (on with false: it
-// serves and keeps records again, from empty).
+// setOff drops every entry (purges may have been missed) and turns the
+// cache off (on with false: it serves and keeps records again, from empty).
 func (c *replayCache) setOff(off bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

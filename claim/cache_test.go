@@ -75,7 +75,7 @@ func TestReplayCachePutAfterPurgeDropped(t *testing.T) {
 	for name, purge := range map[string]func(c *replayCache){
 		"evict":       func(c *replayCache) { c.evict(k) },
 		"evict other": func(c *replayCache) { c.evict(NewKey(nil, "other")) },
-		"clear":       func(c *replayCache) { c.clear() },
+		"clear":       func(c *replayCache) { c.setOff(false) },
 	} {
 		c := newReplayCache(1<<20, time.Minute)
 		gen := c.generation()

@@ -280,14 +280,8 @@ func TestCacheAfterSubscribedWaitsForTheWatch(t *testing.T) {
 		}
 	}, claim.ReplayCache(1<<20, time.Hour), claim.CacheAfterSubscribed())
 	k := claim.NewKey(nil, "gated")
-	terms := claim.Terms{LockTTL: time.Minute, TTL: time.Hour}
-	lease, _, err := s.Acquire(ctx, k, fp("f"), terms)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lease.Complete(ctx, &claim.Record{Status: 201}, time.Hour); err != nil {
-		t.Fatal(err)
-	}
+	terms := watchTerms
+	completed(t, s, k)
 	replay := func() {
 		t.Helper()
 		if _, rec, err := s.Acquire(ctx, k, fp("f"), terms); rec == nil || err != nil {

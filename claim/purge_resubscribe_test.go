@@ -70,14 +70,8 @@ func TestCacheOffWhenResubscribeIsRefused(t *testing.T) {
 	}
 
 	k := claim.NewKey(nil, "revoked")
-	terms := claim.Terms{LockTTL: time.Minute, TTL: time.Hour}
-	lease, _, err := s.Acquire(ctx, k, fp("f"), terms)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lease.Complete(ctx, &claim.Record{Status: 201}, time.Hour); err != nil {
-		t.Fatal(err)
-	}
+	terms := watchTerms
+	completed(t, s, k)
 	for range 2 { // fills the cache, then hits it
 		if _, rec, err := s.Acquire(ctx, k, fp("f"), terms); rec == nil || err != nil {
 			t.Fatalf("replay: %v %v", rec, err)

@@ -103,16 +103,25 @@ func (w *watched) reported() []error {
 // then (the cache being on) from the cache.
 func (w *watched) complete(ctx context.Context, k claim.Key) {
 	w.t.Helper()
-	terms := claim.Terms{LockTTL: time.Minute, TTL: time.Hour}
-	lease, _, err := w.s.Acquire(ctx, k, fp("f"), terms)
+	completed(w.t, w.s, k)
+	if _, rec, err := w.s.Acquire(ctx, k, fp("f"), watchTerms); rec == nil || err != nil {
+		w.t.Fatalf("replay from Redis: %v %v", rec, err)
+	}
+}
+
+// watchTerms are the terms every claim of these tests is made with.
+var watchTerms = claim.Terms{LockTTL: time.Minute, TTL: time.Hour}
+
+// completed claims k on s (fingerprint "f") and records a 201 for it.
+func completed(t *testing.T, s *claim.Store, k claim.Key) {
+	t.Helper()
+	ctx := context.Background()
+	lease, _, err := s.Acquire(ctx, k, fp("f"), watchTerms)
 	if err != nil || lease == nil {
-		w.t.Fatalf("Acquire %v: lease %v, err %v", k, lease, err)
+		t.Fatalf("Acquire %v: lease %v, err %v", k, lease, err)
 	}
 	if err := lease.Complete(ctx, &claim.Record{Status: 201, Body: []byte("done")}, time.Hour); err != nil {
-		w.t.Fatal(err)
-	}
-	if _, rec, err := w.s.Acquire(ctx, k, fp("f"), terms); rec == nil || err != nil {
-		w.t.Fatalf("replay from Redis: %v %v", rec, err)
+		t.Fatal(err)
 	}
 }
 

@@ -88,14 +88,7 @@ func TestPassthroughKeepAliveAfterWholeBody(t *testing.T) {
 		"POST /v1/b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
 		"POST /v1/c HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
 	} {
-		fmt.Fprint(c, raw)
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatalf("request %d on the same connection: %v", i, err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+		resp := sendOn(t, c, br, raw, i)
 		if resp.StatusCode != http.StatusCreated || resp.Close {
 			t.Fatalf("request %d: status %d, Connection: close %v; want 201 on a connection kept open", i, resp.StatusCode, resp.Close)
 		}

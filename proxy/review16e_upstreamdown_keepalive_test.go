@@ -2,13 +2,10 @@ package proxy_test
 
 import (
 	"bufio"
-	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"testing"
-	"time"
 
 	"github.com/idemproxy/idemproxy/proxy"
 )
@@ -40,14 +37,7 @@ func TestReview16eUpstreamDownKeepsConnection(t *testing.T) {
 			defer c.Close()
 			br := bufio.NewReader(c)
 			for i := range 2 {
-				fmt.Fprint(c, raw)
-				_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-				resp, err := http.ReadResponse(br, nil)
-				if err != nil {
-					t.Fatalf("request %d on the same connection: %v", i, err)
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
+				resp := sendOn(t, c, br, raw, i)
 				if resp.StatusCode != http.StatusBadGateway {
 					t.Fatalf("request %d: status %d, want 502", i, resp.StatusCode)
 				}

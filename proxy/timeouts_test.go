@@ -26,6 +26,21 @@ func dialProxy(t *testing.T, e *env) net.Conn {
 	return c
 }
 
+// sendOn writes one raw request on c and reads its answer through br
+// (within 5 s), body drained; step names it in a failure.
+func sendOn(t *testing.T, c net.Conn, br *bufio.Reader, raw string, step int) *http.Response {
+	t.Helper()
+	fmt.Fprint(c, raw)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("request %d on the same connection: %v", step, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp
+}
+
 // TestSlowKeyedBodyTimesOut: a keyed request whose body does not arrive
 // within REQUEST_READ_TIMEOUT gets 408 problem+json, nothing is claimed and
 // the upstream is not called.
