@@ -52,6 +52,7 @@ type Config struct {
 	MaxKeyLength           int           `env:"MAX_KEY_LENGTH" envDefault:"255"`
 	MaxBodyBytes           int64         `env:"MAX_BODY_BYTES" envDefault:"1048576"`
 	MaxStoredResponseBytes int64         `env:"MAX_STORED_RESPONSE_BYTES" envDefault:"1048576"`
+	MaxBufferedBytes       int64         `env:"MAX_BUFFERED_BYTES" envDefault:"33554432"`
 	ScopeHeaders           []string      `env:"SCOPE_HEADERS" envDefault:"Authorization" envSeparator:","`
 	FailMode               string        `env:"FAIL_MODE" envDefault:"closed"`
 	WaitTimeout            time.Duration `env:"WAIT_TIMEOUT" envDefault:"0s"`
@@ -426,19 +427,31 @@ func (c *Config) checkSizes(k *checker) {
 	if c.MaxBodyBytes <= 0 && !k.failed["MAX_BODY_BYTES"] {
 		k.bad("MAX_BODY_BYTES=%q: must be above zero", k.value("MAX_BODY_BYTES", fmt.Sprint(c.MaxBodyBytes)))
 	}
-	if c.MaxBodyBytes > maxBufferedBytes {
+	if c.MaxBodyBytes > maxPerRequestBytes {
 		k.bad("MAX_BODY_BYTES=%q: at most %d (64 MiB): every keyed request in flight may hold that much in memory",
-			k.value("MAX_BODY_BYTES", fmt.Sprint(c.MaxBodyBytes)), maxBufferedBytes)
+			k.value("MAX_BODY_BYTES", fmt.Sprint(c.MaxBodyBytes)), maxPerRequestBytes)
 	}
-	if c.MaxStoredResponseBytes > maxBufferedBytes {
+	if c.MaxStoredResponseBytes > maxPerRequestBytes {
 		k.bad("MAX_STORED_RESPONSE_BYTES=%q: at most %d (64 MiB): every answer being recorded may hold that much in memory, and each record is one Redis value",
-			k.value("MAX_STORED_RESPONSE_BYTES", fmt.Sprint(c.MaxStoredResponseBytes)), maxBufferedBytes)
+			k.value("MAX_STORED_RESPONSE_BYTES", fmt.Sprint(c.MaxStoredResponseBytes)), maxPerRequestBytes)
 	}
 	if c.ReplayCacheBytes < 0 {
 		k.bad("REPLAY_CACHE_BYTES=%q: must not be negative (0 disables the cache)", k.value("REPLAY_CACHE_BYTES", fmt.Sprint(c.ReplayCacheBytes)))
 	}
 	if c.MaxStoredResponseBytes < 0 {
 		k.bad("MAX_STORED_RESPONSE_BYTES=%q: must not be negative", k.value("MAX_STORED_RESPONSE_BYTES", fmt.Sprint(c.MaxStoredResponseBytes)))
+	}
+	// One keyed request alone must always fit: its body (in chunks, at most
+	// one chunk over) and its answer.
+	one := max(c.MaxBodyBytes, 0) + proxy.BodyChunk + max(c.MaxStoredResponseBytes, 0)
+	switch {
+	case k.failed["MAX_BUFFERED_BYTES"]:
+	case c.MaxBufferedBytes <= 0:
+		k.bad("MAX_BUFFERED_BYTES=%q: must be above zero", k.value("MAX_BUFFERED_BYTES", fmt.Sprint(c.MaxBufferedBytes)))
+	case c.MaxBufferedBytes < one:
+		k.bad("MAX_BUFFERED_BYTES=%q: must hold one keyed request's body and answer, at least MAX_BODY_BYTES=%q + MAX_STORED_RESPONSE_BYTES=%q + %d = %d",
+			k.value("MAX_BUFFERED_BYTES", fmt.Sprint(c.MaxBufferedBytes)), k.value("MAX_BODY_BYTES", fmt.Sprint(c.MaxBodyBytes)),
+			k.value("MAX_STORED_RESPONSE_BYTES", fmt.Sprint(c.MaxStoredResponseBytes)), proxy.BodyChunk, one)
 	}
 }
 
@@ -591,10 +604,10 @@ func deriveUpstreamID(u *url.URL) string {
 	return scheme + "://" + host + path
 }
 
-// maxBufferedBytes bounds MAX_BODY_BYTES and MAX_STORED_RESPONSE_BYTES:
+// maxPerRequestBytes bounds MAX_BODY_BYTES and MAX_STORED_RESPONSE_BYTES:
 // each keyed request in flight may buffer its body, and each answer being
 // recorded its body, in memory; records are single Redis values.
-const maxBufferedBytes = 64 << 20
+const maxPerRequestBytes = 64 << 20
 
 // checkRedisURLOptions refuses go-redis options in REDIS_URL that would
 // take away a bound the proxy relies on, or that go-redis itself cannot

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"reflect"
 	"regexp"
 	"strings"
@@ -8,6 +9,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // TestRedisAddrsTrimmed: "a:26379, b:26379" is two seeds. Before the fix the
@@ -81,8 +84,49 @@ func TestBufferedSizesBounded(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), name+`="67108865"`) || !strings.Contains(err.Error(), "67108864") {
 			t.Errorf("%s=67108865: error %v, want one naming the variable, the value and 67108864", name, err)
 		}
-		if _, err := loadConfig([]string{up, name + "=67108864"}); err != nil {
+		if _, err := loadConfig([]string{up, name + "=67108864", "MAX_BUFFERED_BYTES=1073741824"}); err != nil {
 			t.Errorf("%s=67108864: %v, want it accepted", name, err)
+		}
+	}
+}
+
+// TestMaxBufferedBytes: MAX_BUFFERED_BYTES must be above zero and hold one
+// keyed request's largest body (plus the chunk it is read in) and answer;
+// the message names the variables and their values.
+func TestMaxBufferedBytes(t *testing.T) {
+	const up = "UPSTREAM_URL=http://127.0.0.1:9000"
+	cfg, err := loadConfig([]string{up})
+	if err != nil || cfg.MaxBufferedBytes != 32<<20 {
+		t.Fatalf("default: %v, MAX_BUFFERED_BYTES %d; want 33554432", err, cfg.MaxBufferedBytes)
+	}
+	least := fmt.Sprint(2000 + proxy.BodyChunk + 3000)
+	for _, tt := range []struct {
+		env  []string
+		want []string // in the error; nil: accepted
+	}{
+		{[]string{"MAX_BUFFERED_BYTES=0"}, []string{`MAX_BUFFERED_BYTES="0"`, "above zero"}},
+		{[]string{"MAX_BUFFERED_BYTES=-5"}, []string{`MAX_BUFFERED_BYTES="-5"`, "above zero"}},
+		{[]string{"MAX_BUFFERED_BYTES=32MiB"}, []string{`MAX_BUFFERED_BYTES="32MiB"`}},
+		{[]string{"MAX_BODY_BYTES=2000", "MAX_STORED_RESPONSE_BYTES=3000", "MAX_BUFFERED_BYTES=" + fmt.Sprint(2000+proxy.BodyChunk+2999)},
+			[]string{`MAX_BUFFERED_BYTES="` + fmt.Sprint(2000+proxy.BodyChunk+2999) + `"`, `MAX_BODY_BYTES="2000"`, `MAX_STORED_RESPONSE_BYTES="3000"`, "= " + least}},
+		{[]string{"MAX_BODY_BYTES=2000", "MAX_STORED_RESPONSE_BYTES=3000", "MAX_BUFFERED_BYTES=" + least}, nil},
+		{[]string{"MAX_BODY_BYTES=33554432"}, []string{`MAX_BUFFERED_BYTES="33554432"`, `MAX_BODY_BYTES="33554432"`}},
+	} {
+		_, err := loadConfig(append([]string{up}, tt.env...))
+		if tt.want == nil {
+			if err != nil {
+				t.Errorf("%v: %v, want it accepted", tt.env, err)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("%v: accepted, want an error", tt.env)
+			continue
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: error %q does not say %q", tt.env, err, w)
+			}
 		}
 	}
 }

@@ -171,6 +171,7 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 		MaxKeyLength:       cfg.MaxKeyLength,
 		MaxBodyBytes:       cfg.MaxBodyBytes,
 		MaxStoredBytes:     cfg.MaxStoredResponseBytes,
+		MaxBufferedBytes:   cfg.MaxBufferedBytes,
 		ScopeHeaders:       cfg.ScopeHeaders,
 		UpstreamTimeout:    cfg.UpstreamTimeout,
 		RequestReadTimeout: cfg.RequestReadTimeout,

@@ -84,6 +84,10 @@ func (h *Handler) bodyAnswer(err error, pol Policy) answer {
 		}
 		return answer{status: http.StatusRequestEntityTooLarge, outcome: outcomeTooLarge, typ: typeBodyTooLarge,
 			title: "Request body is too large", detail: detail}
+	case errors.Is(err, errOverBudget):
+		return answer{status: http.StatusServiceUnavailable, outcome: outcomeOverloaded, typ: typeOverloaded,
+			title: "Too many request bodies in memory", retryAfter: true, closeConn: true,
+			detail: fmt.Sprintf("This proxy holds as many request bodies and answers as it may (MAX_BUFFERED_BYTES=%d). Nothing was executed; retry with the same key.", h.opts.MaxBufferedBytes)}
 	case errors.Is(err, errBodyTimeout):
 		return h.bodyTimeout(fmt.Sprintf("The request body did not arrive within %v. Nothing was executed; retry with the same key.", h.opts.RequestReadTimeout))
 	}
@@ -172,6 +176,10 @@ func observeAnswer(a answer) (outcome string, ok bool) {
 	case outcomeStoreError, outcomeFailOpen:
 		// Never 503 in observe: the guarantee is not being given anyway.
 		return outcomeStoreError, true
+	case outcomeOverloaded:
+		// Nor for want of memory: forwarded as a plain proxy would, the
+		// rest of the body streamed.
+		return outcomeOverloaded, true
 	}
 	return "", false
 }

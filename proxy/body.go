@@ -19,6 +19,10 @@ import (
 // hundreds of such connections would pin that much memory each.
 const bodyChunk = 16 << 10
 
+// BodyChunk is the unit keyed bodies are buffered in: a body of n bytes
+// takes at most n + BodyChunk of MAX_BUFFERED_BYTES.
+const BodyChunk = bodyChunk
+
 var chunkPool = sync.Pool{New: func() any { b := make([]byte, bodyChunk); return &b }}
 
 // errBodyTimeout: the body did not arrive within REQUEST_READ_TIMEOUT.
@@ -35,7 +39,11 @@ var errBodyTimeout = errors.New("request body not received within REQUEST_READ_T
 // perRead (observe mode) bounds each read by timeout instead of the whole
 // body, as for a pass-through body: observe must not refuse a body that a
 // proxy without idempotency would have forwarded.
-func readBody(rc *http.ResponseController, r *http.Request, limit int64, timeout time.Duration, perRead bool) ([]byte, error) {
+//
+// Every chunk is taken from acct before it is read into (MAX_BUFFERED_BYTES);
+// when the budget has no room, readBody returns what it consumed with
+// errOverBudget. The bytes stay taken until the request ends.
+func readBody(rc *http.ResponseController, r *http.Request, limit int64, timeout time.Duration, perRead bool, acct *account) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
@@ -51,7 +59,7 @@ func readBody(rc *http.ResponseController, r *http.Request, limit int64, timeout
 	if perRead {
 		body = deadlineReader{r.Body, rc, timeout}
 	}
-	b, err := readChunked(body, r.ContentLength, limit)
+	b, err := readChunked(body, r.ContentLength, limit, acct)
 	if isTimeout(err) {
 		return b, errBodyTimeout
 	}
@@ -90,10 +98,16 @@ func unreadBody(r *http.Request, prefix []byte) {
 }
 
 // readChunked reads all of body (declared bytes, or -1 for unknown) into a
-// slice, failing with *http.MaxBytesError past limit.
-func readChunked(body io.Reader, declared, limit int64) ([]byte, error) {
+// slice, failing with *http.MaxBytesError past limit, and with errOverBudget
+// when acct cannot take the next chunk. It takes a chunk's size for each
+// chunk (the declared size for a small declared body): the joined body that
+// replaces the chunks is no larger.
+func readChunked(body io.Reader, declared, limit int64, acct *account) ([]byte, error) {
 	if declared >= 0 && declared <= bodyChunk {
 		// Small and declared: one allocation no larger than a chunk.
+		if !acct.take(declared) {
+			return nil, errOverBudget
+		}
 		b := make([]byte, declared)
 		if n, err := io.ReadFull(body, b); err != nil {
 			return b[:n], fmt.Errorf("read request body: %w", err)
@@ -109,6 +123,9 @@ func readChunked(body io.Reader, declared, limit int64) ([]byte, error) {
 	}()
 	var total int64
 	for done := false; !done; {
+		if !acct.take(bodyChunk) {
+			return joinChunks(chunks, total), errOverBudget
+		}
 		c := chunkPool.Get().(*[]byte)
 		chunks = append(chunks, c)
 		n := 0

@@ -42,7 +42,11 @@ type Options struct {
 	MaxKeyLength   int
 	MaxBodyBytes   int64
 	MaxStoredBytes int64
-	ScopeHeaders   []string
+	// MaxBufferedBytes (MAX_BUFFERED_BYTES) bounds the keyed bodies and
+	// answers being recorded that all requests hold in memory at once; 0
+	// bounds nothing (main always sets it).
+	MaxBufferedBytes int64
+	ScopeHeaders     []string
 	// UpstreamTimeout bounds a keyed upstream call, the wait for any
 	// forwarded request's response headers (with the default Transport), and
 	// each write to a client.
@@ -81,6 +85,7 @@ type Handler struct {
 	docsLink []string        // the Link header of the proxy's problems; nil without DOCS_URL
 	noTrail  map[string]bool // request trailer names never forwarded (trailerDenied)
 	tracer   trace.Tracer    // nil: tracing off (trace.go)
+	buffered *budget         // MAX_BUFFERED_BYTES
 
 	stopWaits     chan struct{} // closed by StopWaiting
 	stopWaitsOnce sync.Once
@@ -126,9 +131,14 @@ func New(store Store, opts Options) (*Handler, error) {
 		titleUse: opts.KeyHeader + " is already used",
 		titleOut: "A request is outstanding for this " + opts.KeyHeader,
 		titleMis: opts.KeyHeader + " is missing",
+		buffered: &budget{max: opts.MaxBufferedBytes},
 
 		stopWaits: make(chan struct{}),
 	}
+	if opts.MaxBufferedBytes < 0 {
+		return nil, fmt.Errorf("proxy: MaxBufferedBytes (%d) must not be negative", opts.MaxBufferedBytes)
+	}
+	opts.Metrics.watchBuffered(&h.buffered.used)
 	for _, m := range opts.Methods {
 		h.methods[m] = true
 	}
@@ -310,6 +320,9 @@ type result struct {
 	keySource string   // keySourceHeader, keySourceDerived or keySourceNone
 	docsLink  []string // Link header for the proxy's own problems (DOCS_URL)
 	replayOf  string   // a replayed record's Trace (its execution), for the span link
+	// acct holds the request's share of MAX_BUFFERED_BYTES: its body, and
+	// its answer while it is recorded. Given back by finish.
+	acct account
 }
 
 // The key_source label and access-log field: a fixed set.
@@ -379,7 +392,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id := xid.NewWithTime(start).String()
 	w.Header()[RequestIDHeader] = []string{id}
 	res := result{requestID: id, log: &h.opts.Logger, route: "default", upstreamMS: -1, rc: http.NewResponseController(w),
-		writeTimeout: h.opts.UpstreamTimeout, keySource: keySourceNone, docsLink: h.docsLink}
+		writeTimeout: h.opts.UpstreamTimeout, keySource: keySourceNone, docsLink: h.docsLink, acct: account{b: h.buffered}}
 	defer h.finish(r, &res, start)
 	if r.Trailer != nil { // before the body is read: the announced names only
 		res.trailers = slices.Collect(maps.Keys(r.Trailer))
@@ -434,8 +447,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if ks.needsBody {
 			// The key is in the body: it is read (and MAX_BODY_BYTES applies)
 			// before the key, whether or not it holds one.
-			if body, err = readBody(res.rc, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout, pol.Observe); err != nil {
-				h.refuse(w, r, &res, h.bodyAnswer(err, pol), pol, body)
+			if body, err = readBody(res.rc, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout, pol.Observe, &res.acct); err != nil {
+				h.refuseBody(w, r, &res, err, pol, body)
 				return
 			}
 			bodyRead = true
@@ -464,8 +477,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header()[h.opts.KeyHeader] = r.Header.Values(h.opts.KeyHeader)
 	}
 	if !bodyRead {
-		if body, err = readBody(res.rc, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout, pol.Observe); err != nil {
-			h.refuse(w, r, &res, h.bodyAnswer(err, pol), pol, body)
+		if body, err = readBody(res.rc, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout, pol.Observe, &res.acct); err != nil {
+			h.refuseBody(w, r, &res, err, pol, body)
 			return
 		}
 		bodyRead = true
@@ -525,6 +538,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // gives the final flush of the answer a deadline of its own.
 func (h *Handler) finish(r *http.Request, res *result, start time.Time) {
 	h.metrics.inflight.Dec()
+	res.acct.close()
 	h.metrics.countRequest(res.route, res.outcome, res.keySource)
 	h.metrics.count(h.metrics.responses, "responses", res.route, statusText(res.status))
 	res.arm() // for the final flush, after the handler returns
@@ -571,6 +585,17 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, res *result, a 
 		}
 	}
 	a.write(w, res)
+}
+
+// refuseBody answers a keyed request whose body was not buffered (err is
+// readBody's).
+func (h *Handler) refuseBody(w http.ResponseWriter, r *http.Request, res *result, err error, pol Policy, body []byte) {
+	if errors.Is(err, errOverBudget) {
+		h.metrics.bufferFull.WithLabelValues(bufferFullBody).Inc()
+		res.warn().Int64("max_buffered_bytes", h.opts.MaxBufferedBytes).
+			Msg("MAX_BUFFERED_BYTES reached: keyed request body not buffered; answered 503 (forwarded unbuffered in observe mode)")
+	}
+	h.refuse(w, r, res, h.bodyAnswer(err, pol), pol, body)
 }
 
 // acquire claims the key; with a wait policy, a duplicate of an in-flight

@@ -52,6 +52,12 @@ type exchange struct {
 	onHeaders  func() // arms the slow-client write deadline
 	http10     bool   // the client speaks HTTP/1.0: no 1xx
 	body       answerBody
+	// acct is the request's share of MAX_BUFFERED_BYTES; the copy takes
+	// from it as it grows (captured: how much), and an answer it has no
+	// room for is recorded without its body (overBudget).
+	acct       *account
+	captured   int64
+	overBudget bool
 }
 
 var capturePool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -92,10 +98,14 @@ func (ex *exchange) Write(p []byte) (int, error) {
 		ex.WriteHeader(http.StatusOK)
 	}
 	if !ex.noBody {
-		if int64(ex.buf.Len()+len(p)) > ex.max {
-			ex.noBody = true
-			ex.buf.Reset()
-		} else {
+		switch {
+		case int64(ex.buf.Len()+len(p)) > ex.max:
+			ex.dropCopy()
+		case !ex.acct.take(int64(len(p))):
+			ex.overBudget = true
+			ex.dropCopy()
+		default:
+			ex.captured += int64(len(p))
 			ex.buf.Write(p)
 		}
 	}
@@ -111,6 +121,15 @@ func (ex *exchange) Write(p []byte) (int, error) {
 		}
 	}
 	return len(p), nil
+}
+
+// dropCopy gives up the copy: the answer is recorded without its body, and
+// what the copy held goes back to the budget at once.
+func (ex *exchange) dropCopy() {
+	ex.noBody = true
+	ex.buf.Reset()
+	ex.acct.give(ex.captured)
+	ex.captured = 0
 }
 
 // FlushError is what http.ResponseController (used by ReverseProxy) calls.
@@ -236,6 +255,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 		buf:    buf,
 		keep:   proxyHeaders(w.Header(), h.opts.KeyHeader),
 		http10: !r.ProtoAtLeast(1, 1),
+		acct:   &res.acct,
 	}
 
 	// The client leaving must not cancel the upstream call: it runs to its
@@ -332,6 +352,11 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	}
 	a := recordAnswer(ex.status, pol, lease.TakenOver)
 	res.status, res.outcome = a.status, a.outcome
+	if ex.overBudget && a.outcome != outcomeReleased {
+		h.metrics.bufferFull.WithLabelValues(bufferFullAnswer).Inc()
+		res.warn().Hex("key_hash", res.key[:]).Int("status", ex.status).Int64("max_buffered_bytes", h.buffered.max).
+			Msg("MAX_BUFFERED_BYTES reached while copying the answer: recorded without its body; a retry gets the status, not the body")
+	}
 	switch {
 	case a.outcome == outcomeReleased:
 		if aborted {

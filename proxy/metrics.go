@@ -3,6 +3,7 @@ package proxy
 import (
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,6 +21,7 @@ const (
 	outcomeMismatch      = "mismatch"       // 422: key reused for another request
 	outcomeInvalid       = "invalid"        // 400: key missing (required), malformed; unreadable body
 	outcomeTooLarge      = "too_large"      // 413: request body over MAX_BODY_BYTES
+	outcomeOverloaded    = "overloaded"     // 503: MAX_BUFFERED_BYTES reached, the body not buffered
 	outcomeStoreError    = "store_error"    // 503 (fail closed), or the answer could not be recorded
 	outcomeFailOpen      = "fail_open"      // Redis unreachable, forwarded without guarantee
 	outcomeReleased      = "released"       // upstream 5xx or never reached: claim freed for a retry
@@ -57,6 +59,10 @@ type Metrics struct {
 	takeoverAge      prometheus.Histogram
 	cacheHits        prometheus.Counter
 	unknownOutcomes  *prometheus.CounterVec
+	bufferFull       *prometheus.CounterVec
+	// bufferedBytes is the Handler's MAX_BUFFERED_BYTES count, read by the
+	// idemproxy_buffered_bytes gauge at each scrape (watchBuffered).
+	bufferedBytes atomic.Pointer[atomic.Int64]
 
 	mu       sync.RWMutex
 	counted  map[[4]string]prometheus.Counter  // (family, route, label, key source) -> series
@@ -142,15 +148,41 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, c := range []string{causeUpstreamTimeout, causeUpstreamFailed, causeLockExpired} {
 		m.unknownOutcomes.WithLabelValues(c) // exported at zero: alerts see the series before the first one
 	}
+	m.bufferFull = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idemproxy_buffer_full_total",
+		Help: "Times MAX_BUFFERED_BYTES had no room, by stage: request_body (answered 503, nothing executed) or answer (forwarded, recorded without its body).",
+	}, []string{"stage"})
+	for _, st := range []string{bufferFullBody, bufferFullAnswer} {
+		m.bufferFull.WithLabelValues(st)
+	}
+	buffered := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "idemproxy_buffered_bytes",
+		Help: "Bytes of keyed request bodies and answers being recorded held in memory now, counted against MAX_BUFFERED_BYTES.",
+	}, func() float64 {
+		if p := m.bufferedBytes.Load(); p != nil {
+			return float64(p.Load())
+		}
+		return 0
+	})
 	// The outcomes the alerts watch, exported at zero for the default route
 	// and header keys: a series the proxy creates at its first increment is
 	// first scraped at 1 or more, where rate() and increase() see nothing.
 	for _, o := range []string{outcomeStoreError, outcomeFailOpen, outcomeUnknown} {
 		m.requests.WithLabelValues("default", o, keySourceHeader)
 	}
-	reg.MustRegister(m.requests, m.responses, m.upstream, m.script, m.inflight, m.recordFailures, m.doubleExecutions, m.takeoverAge, m.cacheHits, m.unknownOutcomes)
+	reg.MustRegister(m.requests, m.responses, m.upstream, m.script, m.inflight, m.recordFailures, m.doubleExecutions, m.takeoverAge, m.cacheHits, m.unknownOutcomes,
+		m.bufferFull, buffered)
 	return m
 }
+
+// The stage label of idemproxy_buffer_full_total.
+const (
+	bufferFullBody   = "request_body"
+	bufferFullAnswer = "answer"
+)
+
+// watchBuffered makes idemproxy_buffered_bytes report used.
+func (m *Metrics) watchBuffered(used *atomic.Int64) { m.bufferedBytes.Store(used) }
 
 // ObserveScript is a claim.Observer.
 func (m *Metrics) ObserveScript(ev claim.Event) {

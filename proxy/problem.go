@@ -24,6 +24,7 @@ const (
 	typeRequestTimeout      = "urn:idemproxy:problem:request-timeout"
 	typeUpgradeRefused      = "urn:idemproxy:problem:upgrade-refused"
 	typeOutcomeUnknown      = "urn:idemproxy:problem:outcome-unknown"
+	typeOverloaded          = "urn:idemproxy:problem:overloaded"
 )
 
 type problem struct {
