@@ -107,6 +107,12 @@ func loadConfig(environ []string) (*Config, error) {
 	if v, ok := envMap["SCOPE_HEADERS"]; ok && strings.TrimSpace(v) == "" {
 		cfg.ScopeHeaders = nil
 	}
+	if strings.TrimSpace(envMap["MAX_BUFFERED_BYTES"]) == "" {
+		// Unset, the default grows to hold one request of the largest size
+		// the other two allow: a configuration that started before
+		// MAX_BUFFERED_BYTES existed still starts.
+		cfg.MaxBufferedBytes = max(cfg.MaxBufferedBytes, cfg.oneRequestBytes())
+	}
 	problems = append(problems, cfg.validate(envMap, failed)...)
 	if len(problems) > 0 {
 		return nil, errors.New("invalid configuration:\n  " + strings.Join(problems, "\n  "))
@@ -441,9 +447,7 @@ func (c *Config) checkSizes(k *checker) {
 	if c.MaxStoredResponseBytes < 0 {
 		k.bad("MAX_STORED_RESPONSE_BYTES=%q: must not be negative", k.value("MAX_STORED_RESPONSE_BYTES", fmt.Sprint(c.MaxStoredResponseBytes)))
 	}
-	// One keyed request alone must always fit: its body (in chunks, at most
-	// one chunk over) and its answer.
-	one := max(c.MaxBodyBytes, 0) + proxy.BodyChunk + max(c.MaxStoredResponseBytes, 0)
+	one := c.oneRequestBytes()
 	switch {
 	case k.failed["MAX_BUFFERED_BYTES"]:
 	case c.MaxBufferedBytes <= 0:
@@ -453,6 +457,13 @@ func (c *Config) checkSizes(k *checker) {
 			k.value("MAX_BUFFERED_BYTES", fmt.Sprint(c.MaxBufferedBytes)), k.value("MAX_BODY_BYTES", fmt.Sprint(c.MaxBodyBytes)),
 			k.value("MAX_STORED_RESPONSE_BYTES", fmt.Sprint(c.MaxStoredResponseBytes)), proxy.BodyChunk, one)
 	}
+}
+
+// oneRequestBytes is what MAX_BUFFERED_BYTES must hold at least: one keyed
+// request's largest body and answer, and a chunk's slack, so that a request
+// alone never takes the count past it.
+func (c *Config) oneRequestBytes() int64 {
+	return max(c.MaxBodyBytes, 0) + proxy.BodyChunk + max(c.MaxStoredResponseBytes, 0)
 }
 
 // checkModes checks FAIL_MODE, ON_5XX and the log settings.

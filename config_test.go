@@ -110,7 +110,7 @@ func TestMaxBufferedBytes(t *testing.T) {
 		{[]string{"MAX_BODY_BYTES=2000", "MAX_STORED_RESPONSE_BYTES=3000", "MAX_BUFFERED_BYTES=" + fmt.Sprint(2000+proxy.BodyChunk+2999)},
 			[]string{`MAX_BUFFERED_BYTES="` + fmt.Sprint(2000+proxy.BodyChunk+2999) + `"`, `MAX_BODY_BYTES="2000"`, `MAX_STORED_RESPONSE_BYTES="3000"`, "= " + least}},
 		{[]string{"MAX_BODY_BYTES=2000", "MAX_STORED_RESPONSE_BYTES=3000", "MAX_BUFFERED_BYTES=" + least}, nil},
-		{[]string{"MAX_BODY_BYTES=33554432"}, []string{`MAX_BUFFERED_BYTES="33554432"`, `MAX_BODY_BYTES="33554432"`}},
+		{[]string{"MAX_BODY_BYTES=33554432", "MAX_BUFFERED_BYTES=33554432"}, []string{`MAX_BUFFERED_BYTES="33554432"`, `MAX_BODY_BYTES="33554432"`}},
 	} {
 		_, err := loadConfig(append([]string{up}, tt.env...))
 		if tt.want == nil {

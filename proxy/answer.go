@@ -85,14 +85,22 @@ func (h *Handler) bodyAnswer(err error, pol Policy) answer {
 		return answer{status: http.StatusRequestEntityTooLarge, outcome: outcomeTooLarge, typ: typeBodyTooLarge,
 			title: "Request body is too large", detail: detail}
 	case errors.Is(err, errOverBudget):
-		return answer{status: http.StatusServiceUnavailable, outcome: outcomeOverloaded, typ: typeOverloaded,
-			title: "Too many request bodies in memory", retryAfter: true, closeConn: true,
-			detail: fmt.Sprintf("This proxy holds as many request bodies and answers as it may (MAX_BUFFERED_BYTES=%d). Nothing was executed; retry with the same key.", h.opts.MaxBufferedBytes)}
+		a := h.overloaded()
+		a.closeConn = true // the rest of the body is not read
+		return a
 	case errors.Is(err, errBodyTimeout):
 		return h.bodyTimeout(fmt.Sprintf("The request body did not arrive within %v. Nothing was executed; retry with the same key.", h.opts.RequestReadTimeout))
 	}
 	return answer{status: http.StatusBadRequest, outcome: outcomeInvalid, typ: typeBodyUnreadable,
 		title: "Request body could not be read", detail: err.Error()}
+}
+
+// overloaded: MAX_BUFFERED_BYTES has no room for the request's body, or for
+// the record it would replay.
+func (h *Handler) overloaded() answer {
+	return answer{status: http.StatusServiceUnavailable, outcome: outcomeOverloaded, typ: typeOverloaded,
+		title: "Too many request bodies in memory", retryAfter: true,
+		detail: fmt.Sprintf("This proxy holds as many request bodies, answers and replays in memory as it may (MAX_BUFFERED_BYTES=%d). Nothing was executed; retry with the same key.", h.opts.MaxBufferedBytes)}
 }
 
 func (h *Handler) bodyTimeout(detail string) answer {

@@ -19,8 +19,8 @@ import (
 // hundreds of such connections would pin that much memory each.
 const bodyChunk = 16 << 10
 
-// BodyChunk is the unit keyed bodies are buffered in: a body of n bytes
-// takes at most n + BodyChunk of MAX_BUFFERED_BYTES.
+// BodyChunk is the unit keyed bodies are buffered in: MAX_BUFFERED_BYTES
+// must hold a body of MAX_BODY_BYTES and an answer, and this much more.
 const BodyChunk = bodyChunk
 
 var chunkPool = sync.Pool{New: func() any { b := make([]byte, bodyChunk); return &b }}
@@ -40,15 +40,20 @@ var errBodyTimeout = errors.New("request body not received within REQUEST_READ_T
 // body, as for a pass-through body: observe must not refuse a body that a
 // proxy without idempotency would have forwarded.
 //
-// Every chunk is taken from acct before it is read into (MAX_BUFFERED_BYTES);
-// when the budget has no room, readBody returns what it consumed with
-// errOverBudget. The bytes stay taken until the request ends.
+// The request is let in only while acct's budget (MAX_BUFFERED_BYTES) has
+// room, a request without a body too; then each read's bytes are taken from
+// it as they arrive, never what the client declares. When a read does not
+// fit, readBody returns what it consumed with errOverBudget. The bytes stay
+// taken until the request ends.
 func readBody(rc *http.ResponseController, r *http.Request, limit int64, timeout time.Duration, perRead bool, acct *account) ([]byte, error) {
-	if r.Body == nil || r.Body == http.NoBody {
-		return nil, nil
-	}
 	if r.ContentLength > limit {
 		return nil, &http.MaxBytesError{Limit: limit} // nothing read
+	}
+	if !acct.room() {
+		return nil, errOverBudget
+	}
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
 	}
 	if err := rc.SetReadDeadline(time.Now().Add(timeout)); err == nil {
 		// Cleared for the next request on this connection; a connection
@@ -99,18 +104,25 @@ func unreadBody(r *http.Request, prefix []byte) {
 
 // readChunked reads all of body (declared bytes, or -1 for unknown) into a
 // slice, failing with *http.MaxBytesError past limit, and with errOverBudget
-// when acct cannot take the next chunk. It takes a chunk's size for each
-// chunk (the declared size for a small declared body): the joined body that
-// replaces the chunks is no larger.
+// when acct cannot take a read's bytes.
 func readChunked(body io.Reader, declared, limit int64, acct *account) ([]byte, error) {
+	// Read through its concrete type: as an io.Reader it would be one more
+	// allocation per keyed request.
+	counted := countedReader{r: body, acct: acct}
 	if declared >= 0 && declared <= bodyChunk {
-		// Small and declared: one allocation no larger than a chunk.
-		if !acct.take(declared) {
-			return nil, errOverBudget
-		}
+		// Small and declared: one allocation no larger than a chunk, filled
+		// as io.ReadFull would.
 		b := make([]byte, declared)
-		if n, err := io.ReadFull(body, b); err != nil {
-			return b[:n], fmt.Errorf("read request body: %w", err)
+		for n := 0; n < len(b); {
+			m, err := counted.Read(b[n:])
+			n += m
+			switch {
+			case err == io.EOF && n == len(b):
+			case err == io.EOF && n > 0:
+				return b[:n], fmt.Errorf("read request body: %w", io.ErrUnexpectedEOF)
+			case err != nil:
+				return b[:n], fmt.Errorf("read request body: %w", err)
+			}
 		}
 		return b, nil
 	}
@@ -123,14 +135,11 @@ func readChunked(body io.Reader, declared, limit int64, acct *account) ([]byte, 
 	}()
 	var total int64
 	for done := false; !done; {
-		if !acct.take(bodyChunk) {
-			return joinChunks(chunks, total), errOverBudget
-		}
 		c := chunkPool.Get().(*[]byte)
 		chunks = append(chunks, c)
 		n := 0
 		for n < len(*c) {
-			m, err := body.Read((*c)[n:])
+			m, err := counted.Read((*c)[n:])
 			n += m
 			if total+int64(n) > limit {
 				// Checked per read: a small limit is not read past by a chunk.
@@ -156,6 +165,22 @@ func readChunked(body io.Reader, declared, limit int64, acct *account) ([]byte, 
 		return nil, fmt.Errorf("read request body: %d bytes, Content-Length %d", total, declared)
 	}
 	return joinChunks(chunks, total), nil
+}
+
+// countedReader takes each read's bytes from acct (MAX_BUFFERED_BYTES) as
+// they arrive; a read that does not fit fails with errOverBudget (its bytes
+// are returned, and not counted: the caller drops them).
+type countedReader struct {
+	r    io.Reader
+	acct *account
+}
+
+func (c *countedReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if n > 0 && !c.acct.take(int64(n)) {
+		return n, errOverBudget
+	}
+	return n, err
 }
 
 func joinChunks(chunks []*[]byte, total int64) []byte {

@@ -5,16 +5,24 @@ import (
 	"sync/atomic"
 )
 
-// errOverBudget: taking the bytes a keyed body needs would put the replica
-// over MAX_BUFFERED_BYTES.
-var errOverBudget = errors.New("MAX_BUFFERED_BYTES reached: this replica holds as many request bodies and answers being recorded as it may")
+// errOverBudget: the replica holds MAX_BUFFERED_BYTES of keyed bodies,
+// answers and replays already.
+var errOverBudget = errors.New("MAX_BUFFERED_BYTES reached: this replica holds as many request bodies, answers and replays in memory as it may")
 
-// budget bounds the bytes that all keyed requests of a Handler hold in
-// memory at once: their bodies, and the answers being recorded. Each
-// request's own bytes are bounded (MAX_BODY_BYTES, MAX_STORED_RESPONSE_BYTES),
-// their number is not: without this, a few hundred clients sending large
-// bodies to a slow upstream would grow the heap until the process is
-// killed, and every claim then in flight would be lost with it.
+// budget bounds what keyed requests hold in memory at once: their bodies
+// (what has arrived, counted as it arrives), the answers being recorded
+// and the records being replayed. Each of these is bounded on its own
+// (MAX_BODY_BYTES, MAX_STORED_RESPONSE_BYTES), their number is not: without
+// this, a few hundred clients sending large bodies to a slow upstream, or
+// asking for large replays and not reading them, would grow the heap until
+// the process is killed, and every claim then in flight would be lost with
+// it.
+//
+// A keyed request is let in only while the count is below max, and its body
+// only while each read still fits. An answer being recorded is counted but
+// never cut for it (force): the request was executed, and the contract
+// replays its answer byte for byte; it comes from the upstream, not the
+// client, and keeps the next requests out until it is recorded.
 type budget struct {
 	max  int64 // 0: no bound
 	used atomic.Int64
@@ -47,6 +55,12 @@ type account struct {
 	held int64
 }
 
+// room reports whether the replica may let another keyed request in: what
+// all of them hold is below the budget.
+func (a *account) room() bool {
+	return a == nil || a.b == nil || a.b.max == 0 || a.b.used.Load() < a.b.max
+}
+
 func (a *account) take(n int64) bool {
 	if a == nil || a.b == nil {
 		return true
@@ -56,6 +70,16 @@ func (a *account) take(n int64) bool {
 	}
 	a.held += n
 	return true
+}
+
+// force counts n bytes the request holds whatever the budget says (an
+// answer being recorded).
+func (a *account) force(n int64) {
+	if a == nil || a.b == nil || n <= 0 {
+		return
+	}
+	a.b.used.Add(n)
+	a.held += n
 }
 
 // give returns n of the account's bytes (never more than it holds).

@@ -13,10 +13,11 @@ import (
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
-// budgetOptions: MAX_BUFFERED_BYTES of four body chunks, and an upstream
-// call that may be held at a gate for seconds.
+// budgetOptions: MAX_BUFFERED_BYTES of 64 KiB, records of up to 48 KiB,
+// and an upstream call that may be held at a gate for seconds.
 func budgetOptions(o *proxy.Options) {
-	o.MaxBufferedBytes = 4 * proxy.BodyChunk
+	o.MaxBufferedBytes = 64 << 10
+	o.MaxStoredBytes = 48 << 10
 	o.UpstreamTimeout = 10 * time.Second
 	o.Default.LockTTL = 20 * time.Second
 }
@@ -57,25 +58,26 @@ func bufferedBytes(t *testing.T, e *env) float64 {
 	return counter(t, e.reg, "idemproxy_buffered_bytes", nil)
 }
 
-// TestBufferBudgetRefusesBodiesBeyondIt: with MAX_BUFFERED_BYTES taken by
-// a request in flight, a keyed request whose body finds no room gets 503
-// with Retry-After before anything is claimed or forwarded, while a small
-// one still fits; once the first has ended its bytes are free again and
-// the refused request, retried with its key, executes.
+// TestBufferBudgetRefusesBodiesBeyondIt: bodies are counted byte for byte
+// as they arrive. With MAX_BUFFERED_BYTES mostly taken by a request in
+// flight, a keyed request whose body does not fit gets 503 with Retry-After
+// before anything is claimed or forwarded, while a small one still fits;
+// with the budget full none is let in; once the held requests have ended
+// their bytes are free again and the refused request, retried with its
+// key, executes.
 func TestBufferBudgetRefusesBodiesBeyondIt(t *testing.T) {
 	forBoth(t, budgetOptions, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
 		e.setUpstream(gatedHeld(e, g))
 
-		// 40 KiB arrives in three chunks: 48 KiB of the 64 taken.
 		first := holdOne(t, e, g, "held", 40<<10)
-		if got := bufferedBytes(t, e); got != 3*proxy.BodyChunk {
-			t.Errorf("idemproxy_buffered_bytes with the first held: %v, want %d", got, 3*proxy.BodyChunk)
+		if got := bufferedBytes(t, e); got != 40<<10 {
+			t.Errorf("idemproxy_buffered_bytes with the first held: %v, want %d", got, 40<<10)
 		}
 
-		// 20 KiB needs two more chunks; there is room for one.
-		big := strings.Repeat("b", 20<<10)
+		// 30 KiB does not fit in the 24 left.
+		big := strings.Repeat("b", 30<<10)
 		r := e.do(req{key: "big", body: big})
 		if r.StatusCode != http.StatusServiceUnavailable {
 			t.Fatalf("body beyond the budget: status %d %s, want 503", r.StatusCode, r.body)
@@ -98,14 +100,16 @@ func TestBufferBudgetRefusesBodiesBeyondIt(t *testing.T) {
 			t.Errorf("small body: status %d %s, want 201", r.StatusCode, r.body)
 		}
 
-		// A second held request of one declared chunk fills the budget;
-		// then even a tiny body finds no room.
-		second := holdOne(t, e, g, "held-2", proxy.BodyChunk)
-		if got := bufferedBytes(t, e); got != 4*proxy.BodyChunk {
-			t.Errorf("idemproxy_buffered_bytes with two held: %v, want %d", got, 4*proxy.BodyChunk)
+		// A second held request fills the budget; then no keyed request is
+		// let in, with a body or without.
+		second := holdOne(t, e, g, "held-2", 24<<10)
+		if got := bufferedBytes(t, e); got != 64<<10 {
+			t.Errorf("idemproxy_buffered_bytes with two held: %v, want %d", got, 64<<10)
 		}
-		if r := e.do(req{key: "tiny", body: "tiny"}); r.StatusCode != http.StatusServiceUnavailable {
-			t.Errorf("tiny body with the budget full: status %d %s, want 503", r.StatusCode, r.body)
+		for _, body := range []string{"tiny", ""} {
+			if r := e.do(req{key: "refused-" + body, body: body}); r.StatusCode != http.StatusServiceUnavailable {
+				t.Errorf("body %q with the budget full: status %d %s, want 503", body, r.StatusCode, r.body)
+			}
 		}
 
 		g.open()
@@ -115,11 +119,11 @@ func TestBufferBudgetRefusesBodiesBeyondIt(t *testing.T) {
 			}
 		}
 		eventually(t, 5*time.Second, "every byte given back", func() bool { return bufferedBytes(t, e) == 0 })
-		if got := counter(t, e.reg, "idemproxy_buffer_full_total", map[string]string{"stage": "request_body"}); got != 2 {
-			t.Errorf("buffer_full_total{stage=request_body} %v, want 2", got)
+		if got := counter(t, e.reg, "idemproxy_buffer_full_total", nil); got != 3 {
+			t.Errorf("buffer_full_total %v, want 3", got)
 		}
-		if got := counter(t, e.reg, "idemproxy_requests_total", map[string]string{"outcome": "overloaded"}); got != 2 {
-			t.Errorf("requests_total{outcome=overloaded} %v, want 2", got)
+		if got := counter(t, e.reg, "idemproxy_requests_total", map[string]string{"outcome": "overloaded"}); got != 3 {
+			t.Errorf("requests_total{outcome=overloaded} %v, want 3", got)
 		}
 
 		r = e.do(req{key: "big", body: big})
@@ -129,8 +133,8 @@ func TestBufferBudgetRefusesBodiesBeyondIt(t *testing.T) {
 	})
 }
 
-// TestBufferBudgetChunkedBody: a body without Content-Length is counted
-// chunk by chunk as it arrives and refused at the chunk that finds no room.
+// TestBufferBudgetChunkedBody: a body without Content-Length is counted as
+// it arrives and refused at the read that does not fit.
 func TestBufferBudgetChunkedBody(t *testing.T) {
 	forBoth(t, budgetOptions, func(t *testing.T, e *env) {
 		g := newGate()
@@ -138,7 +142,7 @@ func TestBufferBudgetChunkedBody(t *testing.T) {
 		e.setUpstream(gatedHeld(e, g))
 		first := holdOne(t, e, g, "held", 40<<10)
 
-		hr, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/orders", io.MultiReader(strings.NewReader(strings.Repeat("c", 20<<10))))
+		hr, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/orders", io.MultiReader(strings.NewReader(strings.Repeat("c", 30<<10))))
 		hr.Header.Set("Idempotency-Key", "chunked")
 		resp, err := e.srv.Client().Do(hr)
 		if err != nil {
@@ -184,40 +188,98 @@ func TestBufferBudgetObserveForwards(t *testing.T) {
 	})
 }
 
-// TestBufferBudgetAnswerRecordedWithoutBody: an answer larger than the
-// room left reaches its caller whole, and is recorded without its body:
-// the retry gets the status and the "not stored" problem, never a second
-// execution.
-func TestBufferBudgetAnswerRecordedWithoutBody(t *testing.T) {
+// TestBufferBudgetAnswerRecordedWhole: an answer is counted while it is
+// recorded but never cut for the budget: admitted with room, the request
+// has executed, and its answer is replayed byte for byte even when it took
+// the count past MAX_BUFFERED_BYTES.
+func TestBufferBudgetAnswerRecordedWhole(t *testing.T) {
 	forBoth(t, budgetOptions, func(t *testing.T, e *env) {
-		answer := bytes.Repeat([]byte("a"), 100<<10)
+		g := newGate()
+		defer g.open()
+		answer := bytes.Repeat([]byte("a"), 40<<10)
+		held := g.handler(e.created)
+		rest := make(chan struct{})
 		e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/held" {
+				held(w, r)
+				return
+			}
 			_, _ = io.Copy(io.Discard, r.Body)
 			w.WriteHeader(http.StatusCreated)
 			for i := 0; i < len(answer); i += 4 << 10 { // in pieces, as a stream
 				_, _ = w.Write(answer[i : i+4<<10])
+				if i == len(answer)-8<<10 {
+					w.(http.Flusher).Flush()
+					select { // the last piece waits for the test
+					case <-rest:
+					case <-time.After(5 * time.Second):
+					}
+				}
 			}
 		})
-		r := e.do(req{key: "large-answer", body: "x"})
+		first := holdOne(t, e, g, "held", 40<<10) // 40 of the 64 KiB
+		done := make(chan response, 1)
+		go func() {
+			r, err := e.send(context.Background(), e.srv, req{key: "large-answer", body: "x"})
+			if err != nil {
+				t.Errorf("first: %v", err)
+			}
+			done <- r
+		}()
+		// 40 KiB of body and 36 of the answer's copy: past the budget, counted.
+		eventually(t, 5*time.Second, "the answer's copy counted past MAX_BUFFERED_BYTES", func() bool { return bufferedBytes(t, e) > 64<<10 })
+		close(rest)
+		r := <-done
 		if r.StatusCode != http.StatusCreated || !bytes.Equal(r.body, answer) {
 			t.Fatalf("first: status %d, %d bytes; want 201 and the whole %d-byte answer", r.StatusCode, len(r.body), len(answer))
 		}
-		r = e.do(req{key: "large-answer", body: "x"})
-		if r.StatusCode != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
-			t.Fatalf("retry: status %d replayed %q, want the recorded 201", r.StatusCode, r.Header.Get("Idempotent-Replayed"))
-		}
-		if p := r.problem(t); p["type"] != "urn:idemproxy:problem:response-not-stored" {
-			t.Errorf("retry: problem %v, want response-not-stored", p)
-		}
-		if got := e.calls.Load(); got != 1 {
-			t.Errorf("upstream calls %d, want 1", got)
-		}
-		if got := counter(t, e.reg, "idemproxy_buffer_full_total", map[string]string{"stage": "answer"}); got != 1 {
-			t.Errorf("buffer_full_total{stage=answer} %v, want 1", got)
-		}
-		if !strings.Contains(e.logs.String(), "MAX_BUFFERED_BYTES reached while copying the answer") {
-			t.Errorf("no warning for the answer recorded without its body; log:\n%s", e.logs)
-		}
+		g.open()
+		<-first
 		eventually(t, 5*time.Second, "every byte given back", func() bool { return bufferedBytes(t, e) == 0 })
+		r = e.do(req{key: "large-answer", body: "x"})
+		if r.StatusCode != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(r.body, answer) {
+			t.Fatalf("retry: status %d replayed %q, %d bytes; want the recorded 201, byte for byte", r.StatusCode, r.Header.Get("Idempotent-Replayed"), len(r.body))
+		}
+		if got := e.calls.Load(); got != 2 {
+			t.Errorf("upstream calls %d, want 2 (the held request and the first)", got)
+		}
+		if got := counter(t, e.reg, "idemproxy_buffer_full_total", nil); got != 0 {
+			t.Errorf("buffer_full_total %v, want 0", got)
+		}
+	})
+}
+
+// TestBufferBudgetReplayWaitsForRoom: a replay holds its record while the
+// client reads it, so it needs room too: with the budget full it gets 503
+// with Retry-After (nothing executed), and once there is room the record,
+// byte for byte.
+func TestBufferBudgetReplayWaitsForRoom(t *testing.T) {
+	forBoth(t, budgetOptions, func(t *testing.T, e *env) {
+		g := newGate()
+		defer g.open()
+		e.setUpstream(gatedHeld(e, g))
+		orig := e.do(req{key: "recorded", body: "x"})
+		if orig.StatusCode != http.StatusCreated {
+			t.Fatalf("first: status %d %s", orig.StatusCode, orig.body)
+		}
+		first := holdOne(t, e, g, "held", 40<<10)
+		second := holdOne(t, e, g, "held-2", 24<<10)
+		r := e.do(req{key: "recorded", body: "x"})
+		if r.StatusCode != http.StatusServiceUnavailable || r.Header.Get("Retry-After") != "1" || r.Header.Get("Idempotent-Replayed") != "" {
+			t.Errorf("replay with the budget full: status %d, Retry-After %q, replayed %q; want 503, 1, none", r.StatusCode, r.Header.Get("Retry-After"), r.Header.Get("Idempotent-Replayed"))
+		} else if p := r.problem(t); p["type"] != "urn:idemproxy:problem:overloaded" {
+			t.Errorf("problem %v, want overloaded", p)
+		}
+		g.open()
+		<-first
+		<-second
+		eventually(t, 5*time.Second, "every byte given back", func() bool { return bufferedBytes(t, e) == 0 })
+		r = e.do(req{key: "recorded", body: "x"})
+		if r.StatusCode != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(r.body, orig.body) {
+			t.Errorf("replay with room: status %d replayed %q %s; want the recorded %s", r.StatusCode, r.Header.Get("Idempotent-Replayed"), r.body, orig.body)
+		}
+		if got := e.calls.Load(); got != 3 {
+			t.Errorf("upstream calls %d, want 3 (the first and the two held)", got)
+		}
 	})
 }

@@ -108,6 +108,11 @@ func New(store Store, opts Options) (*Handler, error) {
 	if opts.UpstreamTimeout <= 0 || opts.RequestReadTimeout <= 0 {
 		return nil, fmt.Errorf("proxy: UpstreamTimeout (%v) and RequestReadTimeout (%v) must be above zero", opts.UpstreamTimeout, opts.RequestReadTimeout)
 	}
+	if opts.MaxBufferedBytes < 0 || (opts.MaxBufferedBytes > 0 && opts.MaxBufferedBytes < opts.MaxStoredBytes) {
+		// A replay must fit (Handler.replay): a smaller budget would refuse
+		// the largest records for ever.
+		return nil, fmt.Errorf("proxy: MaxBufferedBytes (%d) must be 0 (no bound) or at least MaxStoredBytes (%d)", opts.MaxBufferedBytes, opts.MaxStoredBytes)
+	}
 	rtr, err := newRouter(opts.Routes)
 	if err != nil {
 		return nil, err
@@ -134,9 +139,6 @@ func New(store Store, opts Options) (*Handler, error) {
 		buffered: &budget{max: opts.MaxBufferedBytes},
 
 		stopWaits: make(chan struct{}),
-	}
-	if opts.MaxBufferedBytes < 0 {
-		return nil, fmt.Errorf("proxy: MaxBufferedBytes (%d) must not be negative", opts.MaxBufferedBytes)
 	}
 	opts.Metrics.watchBuffered(&h.buffered.used)
 	for _, m := range opts.Methods {
@@ -591,9 +593,9 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, res *result, a 
 // readBody's).
 func (h *Handler) refuseBody(w http.ResponseWriter, r *http.Request, res *result, err error, pol Policy, body []byte) {
 	if errors.Is(err, errOverBudget) {
-		h.metrics.bufferFull.WithLabelValues(bufferFullBody).Inc()
+		h.metrics.bufferFull.Inc()
 		res.warn().Int64("max_buffered_bytes", h.opts.MaxBufferedBytes).
-			Msg("MAX_BUFFERED_BYTES reached: keyed request body not buffered; answered 503 (forwarded unbuffered in observe mode)")
+			Msg("MAX_BUFFERED_BYTES reached: keyed request not let in; answered 503 (forwarded unbuffered in observe mode)")
 	}
 	h.refuse(w, r, res, h.bodyAnswer(err, pol), pol, body)
 }
@@ -646,6 +648,17 @@ func scopeValues(r *http.Request, names, buf []string) []string {
 // replay writes a recorded answer (under the write deadline ServeHTTP set:
 // a client that never reads must not hold the handler).
 func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record, res *result) {
+	// The record is held while the client reads it (up to UPSTREAM_TIMEOUT
+	// per write): counted, and refused when there is no room, or clients
+	// that ask for large replays and never read could hold any amount. One
+	// from the replay cache is counted too, though the cache shares it.
+	if !res.acct.take(int64(len(rec.Body))) {
+		h.metrics.bufferFull.Inc()
+		res.warn().Hex("key_hash", res.key[:]).Int("body_bytes", len(rec.Body)).Int64("max_buffered_bytes", h.opts.MaxBufferedBytes).
+			Msg("MAX_BUFFERED_BYTES reached: replay refused; answered 503")
+		h.overloaded().write(w, res)
+		return
+	}
 	hdr := w.Header()
 	hdr["Idempotent-Replayed"] = replayedTrue
 	if rec.BodyNotStored {

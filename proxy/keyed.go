@@ -52,15 +52,18 @@ type exchange struct {
 	onHeaders  func() // arms the slow-client write deadline
 	http10     bool   // the client speaks HTTP/1.0: no 1xx
 	body       answerBody
-	// acct is the request's share of MAX_BUFFERED_BYTES; the copy takes
-	// from it as it grows (captured: how much), and an answer it has no
-	// room for is recorded without its body (overBudget).
-	acct       *account
-	captured   int64
-	overBudget bool
+	// acct is the request's share of MAX_BUFFERED_BYTES; the copy counts
+	// the memory it holds there (counted: its buffer's capacity).
+	acct    *account
+	counted int64
 }
 
+// capturePool holds the copies' buffers. One that grew past maxPooledCapture
+// is left to the collector: kept, every request in flight could hold a
+// buffer as large as the largest answer before it, uncounted.
 var capturePool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const maxPooledCapture = 16 << 10
 
 func (ex *exchange) Header() http.Header { return ex.w.Header() }
 
@@ -98,15 +101,22 @@ func (ex *exchange) Write(p []byte) (int, error) {
 		ex.WriteHeader(http.StatusOK)
 	}
 	if !ex.noBody {
-		switch {
-		case int64(ex.buf.Len()+len(p)) > ex.max:
+		if ex.buf == nil {
+			// Taken at the first byte: a request whose upstream has not
+			// answered yet holds no buffer.
+			ex.buf = capturePool.Get().(*bytes.Buffer)
+			ex.buf.Reset()
+		}
+		if int64(ex.buf.Len()+len(p)) > ex.max {
 			ex.dropCopy()
-		case !ex.acct.take(int64(len(p))):
-			ex.overBudget = true
-			ex.dropCopy()
-		default:
-			ex.captured += int64(len(p))
+		} else {
 			ex.buf.Write(p)
+			// Counted, never refused: the request has executed, and its
+			// answer is recorded whole (budget).
+			if c := int64(ex.buf.Cap()); c > ex.counted {
+				ex.acct.force(c - ex.counted)
+				ex.counted = c
+			}
 		}
 	}
 	if ex.clientErr == nil {
@@ -124,12 +134,22 @@ func (ex *exchange) Write(p []byte) (int, error) {
 }
 
 // dropCopy gives up the copy: the answer is recorded without its body, and
-// what the copy held goes back to the budget at once.
+// the copy's memory goes (to the collector, and back to the budget) at once,
+// not when a long stream ends.
 func (ex *exchange) dropCopy() {
 	ex.noBody = true
-	ex.buf.Reset()
-	ex.acct.give(ex.captured)
-	ex.captured = 0
+	ex.buf = nil
+	ex.acct.give(ex.counted)
+	ex.counted = 0
+}
+
+// putCopy gives the copy's buffer back to the pool (the record has been
+// written by then), unless it grew too large to keep.
+func (ex *exchange) putCopy() {
+	if ex.buf != nil && ex.buf.Cap() <= maxPooledCapture {
+		capturePool.Put(ex.buf)
+	}
+	ex.buf = nil
 }
 
 // FlushError is what http.ResponseController (used by ReverseProxy) calls.
@@ -246,17 +266,14 @@ func isEventStream(ct string) bool {
 // execute forwards a claimed request once, returns its answer to the client
 // and records it (or releases or keeps the claim, by outcome).
 func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, lease *claim.Lease, pol Policy, res *result) {
-	buf := capturePool.Get().(*bytes.Buffer)
-	buf.Reset()
-	defer capturePool.Put(buf)
 	ex := &exchange{
 		w:      w,
 		max:    h.opts.MaxStoredBytes,
-		buf:    buf,
 		keep:   proxyHeaders(w.Header(), h.opts.KeyHeader),
 		http10: !r.ProtoAtLeast(1, 1),
 		acct:   &res.acct,
 	}
+	defer ex.putCopy()
 
 	// The client leaving must not cancel the upstream call: it runs to its
 	// end, bounded by UPSTREAM_TIMEOUT, and is recorded for the retry.
@@ -352,11 +369,6 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	}
 	a := recordAnswer(ex.status, pol, lease.TakenOver)
 	res.status, res.outcome = a.status, a.outcome
-	if ex.overBudget && a.outcome != outcomeReleased {
-		h.metrics.bufferFull.WithLabelValues(bufferFullAnswer).Inc()
-		res.warn().Hex("key_hash", res.key[:]).Int("status", ex.status).Int64("max_buffered_bytes", h.buffered.max).
-			Msg("MAX_BUFFERED_BYTES reached while copying the answer: recorded without its body; a retry gets the status, not the body")
-	}
 	switch {
 	case a.outcome == outcomeReleased:
 		if aborted {
@@ -379,7 +391,9 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 	default:
 		rec := &claim.Record{Status: ex.status, Header: recordableHeader(ex.header), BodyNotStored: ex.noBody}
 		if !ex.noBody {
-			rec.Body = ex.buf.Bytes()
+			if ex.buf != nil {
+				rec.Body = ex.buf.Bytes()
+			}
 			if ex.res != nil && len(ex.res.Trailer) > 0 {
 				rec.Trailer = recordableHeader(ex.res.Trailer)
 			}

@@ -21,7 +21,7 @@ const (
 	outcomeMismatch      = "mismatch"       // 422: key reused for another request
 	outcomeInvalid       = "invalid"        // 400: key missing (required), malformed; unreadable body
 	outcomeTooLarge      = "too_large"      // 413: request body over MAX_BODY_BYTES
-	outcomeOverloaded    = "overloaded"     // 503: MAX_BUFFERED_BYTES reached, the body not buffered
+	outcomeOverloaded    = "overloaded"     // 503: MAX_BUFFERED_BYTES reached, the request not let in or its replay refused
 	outcomeStoreError    = "store_error"    // 503 (fail closed), or the answer could not be recorded
 	outcomeFailOpen      = "fail_open"      // Redis unreachable, forwarded without guarantee
 	outcomeReleased      = "released"       // upstream 5xx or never reached: claim freed for a retry
@@ -59,7 +59,7 @@ type Metrics struct {
 	takeoverAge      prometheus.Histogram
 	cacheHits        prometheus.Counter
 	unknownOutcomes  *prometheus.CounterVec
-	bufferFull       *prometheus.CounterVec
+	bufferFull       prometheus.Counter
 	// bufferedBytes is the Handler's MAX_BUFFERED_BYTES count, read by the
 	// idemproxy_buffered_bytes gauge at each scrape (watchBuffered).
 	bufferedBytes atomic.Pointer[atomic.Int64]
@@ -148,16 +148,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, c := range []string{causeUpstreamTimeout, causeUpstreamFailed, causeLockExpired} {
 		m.unknownOutcomes.WithLabelValues(c) // exported at zero: alerts see the series before the first one
 	}
-	m.bufferFull = prometheus.NewCounterVec(prometheus.CounterOpts{
+	m.bufferFull = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "idemproxy_buffer_full_total",
-		Help: "Times MAX_BUFFERED_BYTES had no room, by stage: request_body (answered 503, nothing executed) or answer (forwarded, recorded without its body).",
-	}, []string{"stage"})
-	for _, st := range []string{bufferFullBody, bufferFullAnswer} {
-		m.bufferFull.WithLabelValues(st)
-	}
+		Help: "Keyed requests answered 503 overloaded because MAX_BUFFERED_BYTES had no room for their body or their replay (nothing executed).",
+	})
 	buffered := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "idemproxy_buffered_bytes",
-		Help: "Bytes of keyed request bodies and answers being recorded held in memory now, counted against MAX_BUFFERED_BYTES.",
+		Help: "Bytes of keyed request bodies, answers being recorded and replays held in memory now, counted against MAX_BUFFERED_BYTES.",
 	}, func() float64 {
 		if p := m.bufferedBytes.Load(); p != nil {
 			return float64(p.Load())
@@ -174,12 +171,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.bufferFull, buffered)
 	return m
 }
-
-// The stage label of idemproxy_buffer_full_total.
-const (
-	bufferFullBody   = "request_body"
-	bufferFullAnswer = "answer"
-)
 
 // watchBuffered makes idemproxy_buffered_bytes report used.
 func (m *Metrics) watchBuffered(used *atomic.Int64) { m.bufferedBytes.Store(used) }

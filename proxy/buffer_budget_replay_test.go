@@ -1,0 +1,86 @@
+package proxy_test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// TestBufferBudgetReplaysCounted: a replay holds its record while the client
+// reads it (up to UPSTREAM_TIMEOUT per write), so it is counted in
+// MAX_BUFFERED_BYTES and refused when there is no room. Eight clients ask for
+// replays of 6 MiB records (distinct keys, so the replay cache shares
+// nothing; above what the kernel's send buffer takes off the heap) and read
+// nothing: the live heap may not grow beyond what idemproxy_buffered_bytes
+// counts. Records are in redis-server, not in this process. (Found by
+// review: replays were neither counted nor limited in number.)
+func TestBufferBudgetReplaysCounted(t *testing.T) {
+	const (
+		keys   = 8
+		max    = 6 << 20 // above what the kernel's send buffer (4 MiB at most) takes off the heap
+		budget = 8 << 20
+	)
+	e := newEnv(t, realBackend, func(o *proxy.Options) {
+		o.MaxBufferedBytes = budget
+		o.MaxStoredBytes = max
+		o.UpstreamTimeout = 10 * time.Second
+		o.Default.LockTTL = 20 * time.Second
+	})
+	big := bytes.Repeat([]byte("r"), max)
+	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Length", fmt.Sprint(len(big)))
+		_, _ = w.Write(big)
+	})
+	for i := range keys {
+		if r := e.do(req{key: fmt.Sprintf("replayed-%d", i)}); r.StatusCode != http.StatusOK || len(r.body) != max {
+			t.Fatalf("recording %d: status %d, %d bytes", i, r.StatusCode, len(r.body))
+		}
+	}
+
+	runtime.GC()
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	for i := range keys {
+		c, err := net.DialTimeout("tcp", e.srv.Listener.Addr().String(), 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		_ = c.(*net.TCPConn).SetReadBuffer(4096)
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := fmt.Fprintf(c, "POST /v1/orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: replayed-%d\r\nContent-Length: 0\r\n\r\n", i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(time.Second) // the replays reach their first write, and block in it
+
+	runtime.GC()
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	grown := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	counted := bufferedBytes(t, e)
+	t.Logf("%d replays of 6 MiB records to clients that do not read: idemproxy_buffered_bytes=%v, live heap grew by %.1f MiB (MAX_BUFFERED_BYTES=%d)",
+		keys, counted, float64(grown)/(1<<20), budget)
+	// 4 MiB of slack for the connections and their goroutines.
+	if grown > int64(counted)+4<<20 {
+		t.Errorf("live heap grew by %.1f MiB of replayed bodies while idemproxy_buffered_bytes reads %v: replays are held in memory, "+
+			"unbounded in number and uncounted (MAX_BUFFERED_BYTES is %d MiB)", float64(grown)/(1<<20), counted, budget>>20)
+	}
+}
