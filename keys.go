@@ -40,7 +40,8 @@ Commands:
   get KEY_HASH [--body]    print one record as JSON; --body: its raw body only
   list [--state STATE] [--limit N]
                            print records as NDJSON, one a line (SCAN, never KEYS)
-  purge KEY_HASH           delete a record: the next request with its key executes
+  purge KEY_HASH [--state STATE]
+                           delete a record: the next request with its key executes
 
 KEY_HASH is the 64 hex digits of key_hash in the access log. Exit status: 0
 done, 1 failure (Redis unreachable, no such record), 2 usage error.
@@ -86,12 +87,17 @@ a Cluster), never KEYS, in no particular order, and stops after --limit.
 
 Flags:
 `,
-	"purge": `Usage: idemproxy keys purge KEY_HASH
+	"purge": `Usage: idemproxy keys purge KEY_HASH [--state in_flight|completed|unknown]
 
 Deletes the record of KEY_HASH (and its claim mark), and tells every running
 proxy to drop it from its replay cache (Pub/Sub on KEY_PREFIX + "purge"):
 the next request with that key executes. Prints {"key_hash":...,"purged":true};
 purged is false, with a note on stderr, when nothing was there (exit 0).
+
+With --state, only a record in that state is deleted, read and deleted in
+one transaction: a key that completed since you looked keeps its record.
+Otherwise nothing is deleted, it prints {"key_hash":...,"purged":false,
+"state":...} (the state found, "" for no record) and exits 1.
 
 Flags:
 `,
@@ -554,13 +560,36 @@ func (kc *keysCmd) listFlags() func(context.Context, []string) error {
 }
 
 func (kc *keysCmd) purgeFlags() func(context.Context, []string) error {
+	state := kc.fs.String("state", "", "delete only a record in this state: in_flight, completed or unknown")
 	return func(ctx context.Context, pos []string) error {
+		switch claim.State(*state) {
+		case "", claim.StateInFlight, claim.StateCompleted, claim.StateUnknown:
+		default:
+			return kc.badUsage(fmt.Errorf("--state=%q: want in_flight, completed or unknown", *state))
+		}
 		k, in, closeRedis, err := kc.openKey(pos)
 		if err != nil {
 			return err
 		}
 		defer closeRedis()
-		purged, err := in.Purge(ctx, k)
+		var purged bool
+		if *state != "" {
+			var found claim.State
+			found, purged, err = in.PurgeIf(ctx, k, claim.State(*state))
+			if errors.Is(err, claim.ErrStateDiffers) {
+				_ = writeJSON(kc.stdout, struct {
+					KeyHash string      `json:"key_hash"`
+					Purged  bool        `json:"purged"`
+					State   claim.State `json:"state"`
+				}{k.String(), false, found})
+				if found == "" {
+					return fmt.Errorf("key_hash %s not purged: no record (never claimed, expired, released or purged; KEY_PREFIX=%q), not --state=%s", k, kc.cfg.KeyPrefix, *state)
+				}
+				return fmt.Errorf("key_hash %s not purged: its record is %s, not --state=%s", k, found, *state)
+			}
+		} else {
+			purged, err = in.Purge(ctx, k)
+		}
 		if err != nil {
 			if purged {
 				_ = writeJSON(kc.stdout, map[string]any{"key_hash": k.String(), "purged": true})

@@ -478,7 +478,10 @@ func TestKeysCluster(t *testing.T) {
 				t.Fatalf("%s before purge: status %d replayed=%v, want a replay", k, a.status, a.replayed)
 			}
 		}
-		keysOK(t, env, "purge", fleetKeyHash(k))
+		if _, errOut, code := keysRun(t, env, "purge", "--state", "in_flight", fleetKeyHash(k)); code != 1 || !strings.Contains(errOut, "its record is completed") {
+			t.Fatalf("%s: purge --state in_flight of a completed key: exit %d, stderr %s", k, code, errOut)
+		}
+		keysOK(t, env, "purge", "--state", "completed", fleetKeyHash(k))
 		// The purge reaches the proxy's cache through Cluster Pub/Sub.
 		if a, _ := p.sendUntil(k, time.Second, fleetExecuted); !fleetExecuted(a) {
 			t.Errorf("%s 1s after purge: status %d replayed=%v, want executed", k, a.status, a.replayed)

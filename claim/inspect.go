@@ -246,6 +246,63 @@ func (in *Inspector) Purge(ctx context.Context, k Key) (bool, error) {
 	return n > 0, nil
 }
 
+// ErrStateDiffers: PurgeIf found the record in another state than asked, or
+// found none, and deleted nothing.
+var ErrStateDiffers = errors.New("claim: the record is not in the state asked for")
+
+// PurgeIf is Purge only when the record of k is in state want, read and
+// deleted in one optimistic transaction (WATCH, then MULTI/EXEC): a request
+// that completes the key between an operator's `keys list` and the purge
+// keeps its record. It returns the state found ("" when there was no
+// record) and whether it deleted the record; when the state is not want it
+// deletes and announces nothing, and returns ErrStateDiffers. A record that
+// changed during the transaction is read again (three times at most).
+func (in *Inspector) PurgeIf(ctx context.Context, k Key, want State) (State, bool, error) {
+	rec := RecordKey(in.prefix, k)
+	var found State
+	txn := func(tx *redis.Tx) error {
+		found = ""
+		v, err := inspectScript.Run(ctx, tx, []string{rec}, "").Result()
+		if err != nil {
+			return fmt.Errorf("read %s: %w", k, err)
+		}
+		e, err := decodeInspect(k, v, false)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			return ErrStateDiffers
+		case err != nil:
+			return fmt.Errorf("read %s: %w", k, err)
+		}
+		found = e.State
+		if found != want {
+			return ErrStateDiffers
+		}
+		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.Del(ctx, rec, markKey(rec))
+			return nil
+		})
+		return err
+	}
+	var err error
+	for range 3 {
+		if err = in.rdb.Watch(ctx, txn, rec, markKey(rec)); !errors.Is(err, redis.TxFailedErr) {
+			break
+		}
+	}
+	switch {
+	case errors.Is(err, ErrStateDiffers):
+		return found, false, err
+	case errors.Is(err, redis.TxFailedErr):
+		return found, false, fmt.Errorf("delete %s: the record changed three times while it was being purged; nothing deleted: %w", k, err)
+	case err != nil:
+		return found, false, fmt.Errorf("delete %s: %w", k, err)
+	}
+	if err := in.rdb.Publish(ctx, PurgeChannel(in.prefix), k.String()).Err(); err != nil {
+		return found, true, fmt.Errorf("deleted %s, but could not announce it to the replicas' replay caches (PUBLISH %s): %w", k, PurgeChannel(in.prefix), err)
+	}
+	return found, true, nil
+}
+
 // errNotRecord: the key is neither a hash nor a string record; not one of ours.
 var errNotRecord = errors.New("claim: not a record")
 

@@ -1,0 +1,95 @@
+package claim_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+// TestPurgeIfState: PurgeIf deletes a record only in the state asked for,
+// and reports the state it found otherwise, deleting nothing.
+func TestPurgeIfState(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	s := claim.NewStore(rdb, "t:", nil)
+	in := claim.NewInspector(rdb, "t:")
+
+	done := claim.NewKey(nil, "done")
+	completed(t, s, done)
+	if st, deleted, err := in.PurgeIf(ctx, done, claim.StateInFlight); !errors.Is(err, claim.ErrStateDiffers) || deleted || st != claim.StateCompleted {
+		t.Errorf("completed, --state in_flight: %q %v %v; want completed, nothing deleted, ErrStateDiffers", st, deleted, err)
+	}
+	if _, rec, err := s.Acquire(ctx, done, fp("f"), watchTerms); rec == nil || err != nil {
+		t.Fatalf("after the refused purge the record must still replay: %v %v", rec, err)
+	}
+	if st, deleted, err := in.PurgeIf(ctx, done, claim.StateCompleted); err != nil || !deleted || st != claim.StateCompleted {
+		t.Errorf("completed, --state completed: %q %v %v; want it deleted", st, deleted, err)
+	}
+	if st, deleted, err := in.PurgeIf(ctx, done, claim.StateCompleted); !errors.Is(err, claim.ErrStateDiffers) || deleted || st != "" {
+		t.Errorf("no record: %q %v %v; want \"\", nothing deleted, ErrStateDiffers", st, deleted, err)
+	}
+
+	flying := claim.NewKey(nil, "flying")
+	if lease, _, err := s.Acquire(ctx, flying, fp("f"), watchTerms); lease == nil || err != nil {
+		t.Fatalf("claim: %v %v", lease, err)
+	}
+	if st, deleted, err := in.PurgeIf(ctx, flying, claim.StateInFlight); err != nil || !deleted || st != claim.StateInFlight {
+		t.Errorf("in flight, --state in_flight: %q %v %v; want it deleted", st, deleted, err)
+	}
+	if n, _ := rdb.Exists(ctx, claim.RecordKey("t:", flying)).Result(); n != 0 {
+		t.Errorf("the purged in-flight record is still there")
+	}
+}
+
+// TestPurgeIfRacesCompletion: an operator purges an in-flight key with
+// --state in_flight while its request completes. Whatever the order, a
+// completion that succeeded leaves a record: either the purge came first
+// (the completion then records all the same, Recreated) or it found the
+// key completed and deleted nothing. A purge that read "in flight" and then
+// deleted the completed record would make the next retry execute again.
+func TestPurgeIfRacesCompletion(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	s := claim.NewStore(rdb, "t:", nil)
+	in := claim.NewInspector(rdb, "t:")
+	deadline := time.Now().Add(20 * time.Second)
+	outcomes := map[string]int{}
+	for i := 0; i < 300 && time.Now().Before(deadline); i++ {
+		k := claim.NewKey(nil, fmt.Sprintf("race-%d", i))
+		lease, _, err := s.Acquire(ctx, k, fp("f"), watchTerms)
+		if err != nil || lease == nil {
+			t.Fatalf("claim %d: %v %v", i, lease, err)
+		}
+		completeErr := make(chan error, 1)
+		go func() {
+			completeErr <- lease.Complete(ctx, &claim.Record{Status: 201, Body: []byte("done")}, time.Hour)
+		}()
+		_, deleted, perr := in.PurgeIf(ctx, k, claim.StateInFlight)
+		if perr != nil && !errors.Is(perr, claim.ErrStateDiffers) {
+			t.Fatalf("purge %d: %v", i, perr)
+		}
+		if err := <-completeErr; err != nil {
+			t.Fatalf("complete %d: %v", i, err)
+		}
+		switch {
+		case deleted && lease.Recreated:
+			outcomes["purge first"]++
+		case deleted:
+			outcomes["purged a completed record"]++
+		default:
+			outcomes["completion first"]++
+		}
+		if n, _ := rdb.Exists(ctx, claim.RecordKey("t:", k)).Result(); n != 1 {
+			t.Fatalf("iteration %d: the completion succeeded (recreated %v) and the purge deleted %v, but no record is left: the next retry executes again (outcomes so far %v)",
+				i, lease.Recreated, deleted, outcomes)
+		}
+	}
+	t.Logf("outcomes: %v", outcomes)
+}

@@ -1,0 +1,54 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+// TestKeysPurgeState: `keys purge --state` deletes only a record in that
+// state; otherwise it prints the state found, deletes nothing and exits 1.
+// A bad --state is a usage error.
+func TestKeysPurgeState(t *testing.T) {
+	srv := redistest.Start(t)
+	env := []string{"REDIS_URL=" + srv.URL()}
+	rdb := srv.Client()
+	ctx := context.Background()
+	s := claim.NewStore(rdb, "idem:", nil)
+	k := claim.NewKey(nil, "purge-state")
+	lease, _, err := s.Acquire(ctx, k, claim.Fingerprint{1}, claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
+	if err != nil || lease == nil {
+		t.Fatalf("claim: %v %v", lease, err)
+	}
+	if err := lease.Complete(ctx, &claim.Record{Status: 201, Body: []byte("done")}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	hash := k.String()
+
+	out, errOut, code := keysRun(t, env, "purge", hash, "--state", "in_flight")
+	if code != 1 || strings.TrimSpace(out) != `{"key_hash":"`+hash+`","purged":false,"state":"completed"}` ||
+		!strings.Contains(errOut, "its record is completed, not --state=in_flight") {
+		t.Errorf("purge --state in_flight of a completed record: exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	if n, _ := rdb.Exists(ctx, claim.RecordKey("idem:", k)).Result(); n != 1 {
+		t.Fatal("the refused purge deleted the record")
+	}
+	out = keysOK(t, env, "purge", "--state", "completed", hash)
+	if strings.TrimSpace(out) != `{"key_hash":"`+hash+`","purged":true}` {
+		t.Errorf("purge --state completed: %s", out)
+	}
+	if n, _ := rdb.Exists(ctx, claim.RecordKey("idem:", k)).Result(); n != 0 {
+		t.Error("the record is still there after purge --state completed")
+	}
+	out, errOut, code = keysRun(t, env, "purge", hash, "--state", "completed")
+	if code != 1 || !strings.Contains(out, `"state":""`) || !strings.Contains(errOut, "no record") {
+		t.Errorf("purge --state of no record: exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	if _, errOut, code = keysRun(t, env, "purge", hash, "--state", "done"); code != 2 || !strings.Contains(errOut, `--state="done"`) {
+		t.Errorf("purge --state done: exit %d, stderr %s; want a usage error naming the value", code, errOut)
+	}
+}
