@@ -96,8 +96,10 @@ purged is false, with a note on stderr, when nothing was there (exit 0).
 
 With --state, only a record in that state is deleted, read and deleted in
 one transaction: a key that completed since you looked keeps its record.
-Otherwise nothing is deleted, it prints {"key_hash":...,"purged":false,
-"state":...} (the state found, "" for no record) and exits 1.
+in_flight means abandoned: its lock deadline has passed (a live claim, a
+takeover since you looked included, is refused). Otherwise nothing is
+deleted, it prints {"key_hash":...,"purged":false,"state":...} (the state
+found, "" for no record) and exits 1.
 
 Flags:
 `,
@@ -562,8 +564,14 @@ func (kc *keysCmd) listFlags() func(context.Context, []string) error {
 func (kc *keysCmd) purgeFlags() func(context.Context, []string) error {
 	state := kc.fs.String("state", "", "delete only a record in this state: in_flight, completed or unknown")
 	return func(ctx context.Context, pos []string) error {
+		given := false
+		kc.fs.Visit(func(f *flag.Flag) { given = given || f.Name == "state" })
 		switch claim.State(*state) {
-		case "", claim.StateInFlight, claim.StateCompleted, claim.StateUnknown:
+		case claim.StateInFlight, claim.StateCompleted, claim.StateUnknown:
+		case "":
+			if given { // an unset variable in a script must not purge unchecked
+				return kc.badUsage(errors.New(`--state="": want in_flight, completed or unknown (leave --state out to delete whatever is there)`))
+			}
 		default:
 			return kc.badUsage(fmt.Errorf("--state=%q: want in_flight, completed or unknown", *state))
 		}
@@ -576,14 +584,17 @@ func (kc *keysCmd) purgeFlags() func(context.Context, []string) error {
 		if *state != "" {
 			var found claim.State
 			found, purged, err = in.PurgeIf(ctx, k, claim.State(*state))
-			if errors.Is(err, claim.ErrStateDiffers) {
+			if errors.Is(err, claim.ErrStateDiffers) || errors.Is(err, claim.ErrClaimLive) {
 				_ = writeJSON(kc.stdout, struct {
 					KeyHash string      `json:"key_hash"`
 					Purged  bool        `json:"purged"`
 					State   claim.State `json:"state"`
 				}{k.String(), false, found})
-				if found == "" {
-					return fmt.Errorf("key_hash %s not purged: no record (never claimed, expired, released or purged; KEY_PREFIX=%q), not --state=%s", k, kc.cfg.KeyPrefix, *state)
+				switch {
+				case errors.Is(err, claim.ErrClaimLive):
+					return fmt.Errorf("key_hash %s not purged: it is in flight, but not abandoned: %w; a request holds it (perhaps one that took it over since you looked); plain keys purge deletes it all the same", k, err)
+				case found == "":
+					return fmt.Errorf("key_hash %s not purged: no record (never claimed, expired, released or purged; KEY_PREFIX=%q), not --state=%s; plain keys purge also removes a claim mark a version before 2026-11-23 left", k, kc.cfg.KeyPrefix, *state)
 				}
 				return fmt.Errorf("key_hash %s not purged: its record is %s, not --state=%s", k, found, *state)
 			}

@@ -79,6 +79,7 @@ func (c *replayCache) put(k Key, fp Fingerprint, rec *Record, encodedLen int, ex
 	if old, ok := c.m[k]; ok {
 		c.remove(k, old)
 	}
+	rec.Cached = true
 	c.m[k] = e
 	c.size += size
 	c.queue = append(c.queue, queued{k, e})

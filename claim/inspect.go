@@ -250,18 +250,28 @@ func (in *Inspector) Purge(ctx context.Context, k Key) (bool, error) {
 // found none, and deleted nothing.
 var ErrStateDiffers = errors.New("claim: the record is not in the state asked for")
 
+// ErrClaimLive: PurgeIf(StateInFlight) found a claim whose lock is still
+// running (or whose record has no lock deadline to judge by): a request
+// holds the key, perhaps one that took it over since the operator looked.
+var ErrClaimLive = errors.New("claim: the in-flight claim's lock is still running")
+
 // PurgeIf is Purge only when the record of k is in state want, read and
 // deleted in one optimistic transaction (WATCH, then MULTI/EXEC): a request
 // that completes the key between an operator's `keys list` and the purge
-// keeps its record. It returns the state found ("" when there was no
-// record) and whether it deleted the record; when the state is not want it
-// deletes and announces nothing, and returns ErrStateDiffers. A record that
-// changed during the transaction is read again (three times at most).
+// keeps its record. StateInFlight means an abandoned claim: one whose lock
+// deadline has passed on Redis's clock (TIME); a live one, a takeover since
+// the operator looked included, is refused with ErrClaimLive. It returns
+// the state found ("" when there was no record) and whether it deleted the
+// record; when the state is not want it deletes and announces nothing, and
+// returns ErrStateDiffers. A record whose answer does not decode is judged
+// by its state all the same. A record that changed during the transaction
+// is read again (three times at most).
 func (in *Inspector) PurgeIf(ctx context.Context, k Key, want State) (State, bool, error) {
 	rec := RecordKey(in.prefix, k)
 	var found State
+	var lockEnds time.Time
 	txn := func(tx *redis.Tx) error {
-		found = ""
+		found, lockEnds = "", time.Time{}
 		v, err := inspectScript.Run(ctx, tx, []string{rec}, "").Result()
 		if err != nil {
 			return fmt.Errorf("read %s: %w", k, err)
@@ -270,12 +280,22 @@ func (in *Inspector) PurgeIf(ctx context.Context, k Key, want State) (State, boo
 		switch {
 		case errors.Is(err, ErrNotFound):
 			return ErrStateDiffers
-		case err != nil:
+		case err != nil && (e == nil || e.State == ""):
 			return fmt.Errorf("read %s: %w", k, err)
 		}
 		found = e.State
 		if found != want {
 			return ErrStateDiffers
+		}
+		if want == StateInFlight {
+			now, err := tx.Time(ctx).Result()
+			if err != nil {
+				return fmt.Errorf("read Redis's clock: %w", err)
+			}
+			if e.LockExpiresAt.IsZero() || now.Before(e.LockExpiresAt) {
+				lockEnds = e.LockExpiresAt
+				return ErrClaimLive
+			}
 		}
 		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 			p.Del(ctx, rec, markKey(rec))
@@ -292,6 +312,11 @@ func (in *Inspector) PurgeIf(ctx context.Context, k Key, want State) (State, boo
 	switch {
 	case errors.Is(err, ErrStateDiffers):
 		return found, false, err
+	case errors.Is(err, ErrClaimLive):
+		if lockEnds.IsZero() {
+			return found, false, fmt.Errorf("%w (the record holds no lock deadline)", err)
+		}
+		return found, false, fmt.Errorf("%w (until %s)", err, lockEnds.Format("2006-01-02T15:04:05.000Z07:00"))
 	case errors.Is(err, redis.TxFailedErr):
 		return found, false, fmt.Errorf("delete %s: the record changed three times while it was being purged; nothing deleted: %w", k, err)
 	case err != nil:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -36,23 +37,29 @@ func TestPurgeIfState(t *testing.T) {
 	}
 
 	flying := claim.NewKey(nil, "flying")
-	if lease, _, err := s.Acquire(ctx, flying, fp("f"), watchTerms); lease == nil || err != nil {
+	if lease, _, err := s.Acquire(ctx, flying, fp("f"), claim.Terms{LockTTL: 50 * time.Millisecond, TTL: time.Hour}); lease == nil || err != nil {
 		t.Fatalf("claim: %v %v", lease, err)
 	}
+	// Live: its lock runs. Refused.
+	if st, deleted, err := in.PurgeIf(ctx, flying, claim.StateInFlight); !errors.Is(err, claim.ErrClaimLive) || deleted || st != claim.StateInFlight {
+		t.Errorf("in flight with its lock running, --state in_flight: %q %v %v; want ErrClaimLive, nothing deleted", st, deleted, err)
+	}
+	time.Sleep(120 * time.Millisecond) // abandoned: the lock expired on Redis's clock
 	if st, deleted, err := in.PurgeIf(ctx, flying, claim.StateInFlight); err != nil || !deleted || st != claim.StateInFlight {
-		t.Errorf("in flight, --state in_flight: %q %v %v; want it deleted", st, deleted, err)
+		t.Errorf("abandoned, --state in_flight: %q %v %v; want it deleted", st, deleted, err)
 	}
 	if n, _ := rdb.Exists(ctx, claim.RecordKey("t:", flying)).Result(); n != 0 {
 		t.Errorf("the purged in-flight record is still there")
 	}
 }
 
-// TestPurgeIfRacesCompletion: an operator purges an in-flight key with
-// --state in_flight while its request completes. Whatever the order, a
-// completion that succeeded leaves a record: either the purge came first
-// (the completion then records all the same, Recreated) or it found the
-// key completed and deleted nothing. A purge that read "in flight" and then
-// deleted the completed record would make the next retry execute again.
+// TestPurgeIfRacesCompletion: an operator purges an abandoned key (its lock
+// expired) with --state in_flight while its late request completes after
+// all. Whatever the order, a completion that succeeded leaves a record:
+// either the purge came first (the completion then records all the same,
+// Recreated) or it found the key completed and deleted nothing. A purge
+// that read "in flight" and then deleted the completed record would make
+// the next retry execute again.
 func TestPurgeIfRacesCompletion(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
@@ -63,16 +70,29 @@ func TestPurgeIfRacesCompletion(t *testing.T) {
 	outcomes := map[string]int{}
 	for i := 0; i < 300 && time.Now().Before(deadline); i++ {
 		k := claim.NewKey(nil, fmt.Sprintf("race-%d", i))
-		lease, _, err := s.Acquire(ctx, k, fp("f"), watchTerms)
+		lease, _, err := s.Acquire(ctx, k, fp("f"), claim.Terms{LockTTL: 2 * time.Millisecond, TTL: time.Hour})
 		if err != nil || lease == nil {
 			t.Fatalf("claim %d: %v %v", i, lease, err)
 		}
+		time.Sleep(3 * time.Millisecond) // past the lock (Redis's clock; purges refused on a live one retry below)
+		// Staggered by up to 1 ms either way, so that every interleaving
+		// comes up: completion first, purge first, and the completion
+		// landing between the purge's read and its delete.
+		stagger := time.Duration(rand.IntN(1000)) * time.Microsecond
 		completeErr := make(chan error, 1)
 		go func() {
+			if i%2 == 0 {
+				time.Sleep(stagger)
+			}
 			completeErr <- lease.Complete(ctx, &claim.Record{Status: 201, Body: []byte("done")}, time.Hour)
 		}()
+		if i%2 == 1 {
+			time.Sleep(stagger)
+		}
 		_, deleted, perr := in.PurgeIf(ctx, k, claim.StateInFlight)
-		if perr != nil && !errors.Is(perr, claim.ErrStateDiffers) {
+		if errors.Is(perr, claim.ErrClaimLive) {
+			outcomes["lock not yet expired"]++
+		} else if perr != nil && !errors.Is(perr, claim.ErrStateDiffers) {
 			t.Fatalf("purge %d: %v", i, perr)
 		}
 		if err := <-completeErr; err != nil {

@@ -27,6 +27,10 @@ type Record struct {
 	// nothing else: any other value is dropped, and the answer recorded
 	// without it.
 	Trace string
+	// Cached is set when the replay cache keeps the record (before any
+	// other request can get it): its memory is the cache's, shared by every
+	// replay of it, not the replaying request's own. Not encoded.
+	Cached bool
 }
 
 // The encoding is binary so bodies are stored as bytes, not base64:

@@ -61,6 +61,26 @@ func (a *account) room() bool {
 	return a == nil || a.b == nil || a.b.max == 0 || a.b.used.Load() < a.b.max
 }
 
+// admit counts n bytes if the replica may let another keyed request in (the
+// count is below the budget), as a new request is let in; the count may then
+// exceed the budget by n, at most one record (a replay).
+func (a *account) admit(n int64) bool {
+	if a == nil || a.b == nil {
+		return true
+	}
+	b := a.b
+	for {
+		u := b.used.Load()
+		if b.max != 0 && u >= b.max {
+			return false
+		}
+		if b.used.CompareAndSwap(u, u+n) {
+			a.held += n
+			return true
+		}
+	}
+}
+
 func (a *account) take(n int64) bool {
 	if a == nil || a.b == nil {
 		return true

@@ -592,10 +592,15 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, res *result, a 
 // refuseBody answers a keyed request whose body was not buffered (err is
 // readBody's).
 func (h *Handler) refuseBody(w http.ResponseWriter, r *http.Request, res *result, err error, pol Policy, body []byte) {
-	if errors.Is(err, errOverBudget) {
+	switch {
+	case !errors.Is(err, errOverBudget):
+	case pol.Observe:
+		res.warn().Int64("max_buffered_bytes", h.opts.MaxBufferedBytes).
+			Msg("MAX_BUFFERED_BYTES reached: keyed request forwarded unbuffered (observe mode; enforcing would answer 503)")
+	default:
 		h.metrics.bufferFull.Inc()
 		res.warn().Int64("max_buffered_bytes", h.opts.MaxBufferedBytes).
-			Msg("MAX_BUFFERED_BYTES reached: keyed request not let in; answered 503 (forwarded unbuffered in observe mode)")
+			Msg("MAX_BUFFERED_BYTES reached: keyed request not let in; answered 503")
 	}
 	h.refuse(w, r, res, h.bodyAnswer(err, pol), pol, body)
 }
@@ -649,10 +654,10 @@ func scopeValues(r *http.Request, names, buf []string) []string {
 // a client that never reads must not hold the handler).
 func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record, res *result) {
 	// The record is held while the client reads it (up to UPSTREAM_TIMEOUT
-	// per write): counted, and refused when there is no room, or clients
+	// per write): counted, and let in under a new request's rule, or clients
 	// that ask for large replays and never read could hold any amount. One
-	// from the replay cache is counted too, though the cache shares it.
-	if !res.acct.take(int64(len(rec.Body))) {
+	// the replay cache keeps holds nothing more, nor does an empty one.
+	if n := len(rec.Body); n > 0 && !rec.Cached && !res.acct.admit(int64(n)) {
 		h.metrics.bufferFull.Inc()
 		res.warn().Hex("key_hash", res.key[:]).Int("body_bytes", len(rec.Body)).Int64("max_buffered_bytes", h.opts.MaxBufferedBytes).
 			Msg("MAX_BUFFERED_BYTES reached: replay refused; answered 503")
