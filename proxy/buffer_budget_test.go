@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -50,6 +51,29 @@ func gatedHeld(e *env, g *gate) http.HandlerFunc {
 			return
 		}
 		e.created(w, r)
+	}
+}
+
+// liveHeap is the heap in use after two collections.
+func liveHeap() int64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
+// heapWithinCount fails t when the live heap grew since before (liveHeap)
+// by more than idemproxy_buffered_bytes counts, with 4 MiB of slack for the
+// connections, their goroutines and ReverseProxy's 32 KiB copy buffers.
+// what says what is held; why, what it means when it fails.
+func heapWithinCount(t *testing.T, e *env, before int64, what, why string) {
+	t.Helper()
+	grown := liveHeap() - before
+	counted := bufferedBytes(t, e)
+	t.Logf("%s: idemproxy_buffered_bytes=%v, live heap grew by %.1f MiB (MAX_BUFFERED_BYTES=%d)", what, counted, float64(grown)/(1<<20), e.opts.MaxBufferedBytes)
+	if grown > int64(counted)+4<<20 {
+		t.Errorf("%s: live heap grew by %.1f MiB while idemproxy_buffered_bytes reads %v: %s", what, float64(grown)/(1<<20), counted, why)
 	}
 }
 
