@@ -535,7 +535,9 @@ func (kc *keysCmd) listFlags() func(context.Context, []string) error {
 		n := 0
 		var werr error
 		err = in.List(ctx, 500, func(e *claim.Entry, k claim.Key, derr error) bool {
-			if *state != "" && (e == nil || derr != nil || e.State != claim.State(*state)) {
+			// A record whose answer does not decode still has its state: an
+			// operator looking for completed or unknown keys must see it.
+			if *state != "" && (e == nil || e.State != claim.State(*state)) {
 				return true
 			}
 			j := newKeyJSON(k, e)

@@ -10,8 +10,9 @@ import (
 )
 
 // TestKeysPurgeStateMalformedRecord: a record whose answer does not decode
-// still has a state, and `purge --state` judges it by that. (Found by
-// review: it failed with a message blaming Redis, leaving the runbook stuck.)
+// still has a state: `list --state` shows it (with its error) and `purge
+// --state` judges it by that. (Found by review: list --state left it out,
+// and purge failed with a message blaming Redis, leaving the runbook stuck.)
 func TestKeysPurgeStateMalformedRecord(t *testing.T) {
 	srv := redistest.Start(t)
 	env := []string{"REDIS_URL=" + srv.URL()}
@@ -23,9 +24,11 @@ func TestKeysPurgeStateMalformedRecord(t *testing.T) {
 	} {
 		k := claim.NewKey(nil, "malformed-"+c.state)
 		rdb.HSet(ctx, claim.RecordKey("idem:", k), "st", c.st, "fp", "x", "rec", c.rec)
-		list := keysOK(t, env, "list")
-		if !strings.Contains(list, `"key_hash":"`+k.String()+`","state":"`+c.state+`"`) {
-			t.Fatalf("keys list does not show the record as %s: %s", c.state, list)
+		for _, args := range [][]string{{"list"}, {"list", "--state", c.state}} {
+			list := keysOK(t, env, args...)
+			if !strings.Contains(list, `"key_hash":"`+k.String()+`","state":"`+c.state+`"`) || !strings.Contains(list, `"error":`) {
+				t.Fatalf("keys %v does not show the record as %s, with its error: %s", args, c.state, list)
+			}
 		}
 		out, errOut, code := keysRun(t, env, "purge", "--state", c.state, k.String())
 		n, _ := rdb.Exists(ctx, claim.RecordKey("idem:", k)).Result()
