@@ -10,16 +10,11 @@ import (
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
-// TestKeysPurgeState: `keys purge --state` deletes only a record in that
-// state; otherwise it prints the state found, deletes nothing and exits 1.
-// A bad --state is a usage error.
-func TestKeysPurgeState(t *testing.T) {
-	srv := redistest.Start(t)
-	env := []string{"REDIS_URL=" + srv.URL()}
-	rdb := srv.Client()
+// completedKey claims the key named key on s and records a 201 for it.
+func completedKey(t *testing.T, s *claim.Store, key string) claim.Key {
+	t.Helper()
 	ctx := context.Background()
-	s := claim.NewStore(rdb, "idem:", nil)
-	k := claim.NewKey(nil, "purge-state")
+	k := claim.NewKey(nil, key)
 	lease, _, err := s.Acquire(ctx, k, claim.Fingerprint{1}, claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
 	if err != nil || lease == nil {
 		t.Fatalf("claim: %v %v", lease, err)
@@ -27,6 +22,21 @@ func TestKeysPurgeState(t *testing.T) {
 	if err := lease.Complete(ctx, &claim.Record{Status: 201, Body: []byte("done")}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
+	return k
+}
+
+// TestKeysPurgeState: `keys purge --state` deletes only a record in that
+// state; otherwise it prints the state found, deletes nothing and exits 1.
+// A bad --state is a usage error, and so is `--state ""` (a script's unset
+// variable), never a purge without a check (found by review: it deleted
+// whatever was there).
+func TestKeysPurgeState(t *testing.T) {
+	srv := redistest.Start(t)
+	env := []string{"REDIS_URL=" + srv.URL()}
+	rdb := srv.Client()
+	ctx := context.Background()
+	s := claim.NewStore(rdb, "idem:", nil)
+	k := completedKey(t, s, "purge-state")
 	hash := k.String()
 
 	out, errOut, code := keysRun(t, env, "purge", hash, "--state", "in_flight")
@@ -50,5 +60,14 @@ func TestKeysPurgeState(t *testing.T) {
 	}
 	if _, errOut, code = keysRun(t, env, "purge", hash, "--state", "done"); code != 2 || !strings.Contains(errOut, `--state="done"`) {
 		t.Errorf("purge --state done: exit %d, stderr %s; want a usage error naming the value", code, errOut)
+	}
+	for _, args := range [][]string{{"--state", ""}, {"--state="}} {
+		k := completedKey(t, s, "empty-state-"+strings.Join(args, ""))
+		out, errOut, code := keysRun(t, env, append([]string{"purge", k.String()}, args...)...)
+		n, _ := rdb.Exists(ctx, claim.RecordKey("idem:", k)).Result()
+		if code != 2 || n != 1 {
+			t.Errorf("keys purge %q of a completed record: exit %d, record left %d\nstdout %s\nstderr %s\nwant a usage error (exit 2) and the record kept",
+				args, code, n, out, errOut)
+		}
 	}
 }

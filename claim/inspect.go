@@ -240,10 +240,7 @@ func (in *Inspector) Purge(ctx context.Context, k Key) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("delete %s: %w", k, err)
 	}
-	if err := in.rdb.Publish(ctx, PurgeChannel(in.prefix), k.String()).Err(); err != nil {
-		return n > 0, fmt.Errorf("deleted %s, but could not announce it to the replicas' replay caches (PUBLISH %s): %w", k, PurgeChannel(in.prefix), err)
-	}
-	return n > 0, nil
+	return n > 0, in.announce(ctx, k)
 }
 
 // ErrStateDiffers: PurgeIf found the record in another state than asked, or
@@ -322,10 +319,16 @@ func (in *Inspector) PurgeIf(ctx context.Context, k Key, want State) (State, boo
 	case err != nil:
 		return found, false, fmt.Errorf("delete %s: %w", k, err)
 	}
+	return found, true, in.announce(ctx, k)
+}
+
+// announce publishes the purge of k on PurgeChannel, for every replica's
+// replay cache.
+func (in *Inspector) announce(ctx context.Context, k Key) error {
 	if err := in.rdb.Publish(ctx, PurgeChannel(in.prefix), k.String()).Err(); err != nil {
-		return found, true, fmt.Errorf("deleted %s, but could not announce it to the replicas' replay caches (PUBLISH %s): %w", k, PurgeChannel(in.prefix), err)
+		return fmt.Errorf("deleted %s, but could not announce it to the replicas' replay caches (PUBLISH %s): %w", k, PurgeChannel(in.prefix), err)
 	}
-	return found, true, nil
+	return nil
 }
 
 // errNotRecord: the key is neither a hash nor a string record; not one of ours.

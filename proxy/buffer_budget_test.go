@@ -187,7 +187,9 @@ func TestBufferBudgetChunkedBody(t *testing.T) {
 
 // TestBufferBudgetObserveForwards: in observe mode a body that finds no
 // room is forwarded whole, unbuffered, as a proxy without idempotency
-// would, and counted.
+// would, and counted under its outcome, but not in
+// idemproxy_buffer_full_total, which (with the IdemproxyBufferFull alert)
+// counts requests answered 503, nothing executed (found by review).
 func TestBufferBudgetObserveForwards(t *testing.T) {
 	forBoth(t, func(o *proxy.Options) {
 		budgetOptions(o)
@@ -209,6 +211,10 @@ func TestBufferBudgetObserveForwards(t *testing.T) {
 		g.open()
 		<-first
 		eventually(t, 5*time.Second, "every byte given back", func() bool { return bufferedBytes(t, e) == 0 })
+		if got := counter(t, e.reg, "idemproxy_buffer_full_total", nil); got != 0 {
+			t.Errorf("idemproxy_buffer_full_total %v after a request that was forwarded and executed (observe mode), want 0: "+
+				"the series (and IdemproxyBufferFull) say 503 and nothing executed", got)
+		}
 	})
 }
 
