@@ -596,7 +596,16 @@ func (kc *keysCmd) purgeFlags() func(context.Context, []string) error {
 				case errors.Is(err, claim.ErrClaimLive):
 					return fmt.Errorf("key_hash %s not purged: it is in flight, but not abandoned: %w; a request holds it (perhaps one that took it over since you looked); plain keys purge deletes it all the same", k, err)
 				case found == "":
-					return fmt.Errorf("key_hash %s not purged: no record (never claimed, expired, released or purged; KEY_PREFIX=%q), not --state=%s; plain keys purge also removes a claim mark a version before 2026-11-23 left", k, kc.cfg.KeyPrefix, *state)
+					// PurgeIf announced the purge all the same (a replica's
+					// cache may hold what Redis no longer has); a joined
+					// error is that announcement's failure.
+					told := "the replicas were told to forget it all the same"
+					if err != claim.ErrStateDiffers { //nolint:errorlint // identity: anything more is the announcement's error
+						told = err.Error()
+					} else if kc.cfg.RedisMode == "sentinel" {
+						kc.announceOnEveryNode(ctx, k)
+					}
+					return fmt.Errorf("key_hash %s not purged: no record (never claimed, expired, released or purged; KEY_PREFIX=%q), not --state=%s (%s); plain keys purge also removes a claim mark a version before 2026-11-23 left", k, kc.cfg.KeyPrefix, *state, told)
 				}
 				return fmt.Errorf("key_hash %s not purged: its record is %s, not --state=%s", k, found, *state)
 			}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
@@ -105,5 +106,42 @@ func TestPurgeHeardAfterSentinelSwitchWithoutDemotion(t *testing.T) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestPurgeStateOfNothingAnnouncedOnEveryNode: with Sentinel, `keys purge
+// --state` that finds no record announces the purge on every data node,
+// as a plain purge does (a proxy's subscription may still be on a node the
+// master's PUBLISH does not reach). A subscriber on the replica hears the
+// master's announcement through replication and, announced on every node,
+// the replica's own as well.
+func TestPurgeStateOfNothingAnnouncedOnEveryNode(t *testing.T) {
+	sn := redistest.StartSentinel(t)
+	ctx := context.Background()
+	sub := sn.Replica().Client().Subscribe(ctx, claim.PurgeChannel("idem:"))
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"REDIS_MODE=sentinel", "REDIS_ADDRS=" + strings.Join(sn.Addrs(), ","), "REDIS_MASTER_NAME=" + sn.MasterName()}
+	hash := strings.TrimSpace(keysOK(t, env, "hash", "never-claimed"))
+	out, errOut, code := keysRun(t, env, "purge", hash, "--state", "completed")
+	if code != 1 || !strings.Contains(out, `"state":""`) || !strings.Contains(errOut, "the replicas were told to forget it all the same") {
+		t.Fatalf("purge --state of no record: exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	heard := 0
+	for heard < 2 {
+		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		m, err := sub.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			break
+		}
+		if m.Payload == hash {
+			heard++
+		}
+	}
+	if heard < 2 {
+		t.Errorf("the replica's subscriber heard the purge %d time(s), want at least 2 (through replication, and announced on the replica itself)", heard)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -20,6 +21,12 @@ func TestPurgeIfState(t *testing.T) {
 	ctx := context.Background()
 	s := claim.NewStore(rdb, "t:", nil)
 	in := claim.NewInspector(rdb, "t:")
+	// What PurgeIf announces to the replicas' replay caches, in order.
+	sub := rdb.Subscribe(ctx, claim.PurgeChannel("t:"))
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
 
 	done := claim.NewKey(nil, "done")
 	completed(t, s, done)
@@ -50,6 +57,22 @@ func TestPurgeIfState(t *testing.T) {
 	}
 	if n, _ := rdb.Exists(ctx, claim.RecordKey("t:", flying)).Result(); n != 0 {
 		t.Errorf("the purged in-flight record is still there")
+	}
+	// Announced: the two deletions, and the purge that found no record (a
+	// replica may still cache one); not the refusals.
+	want := []string{done.String(), done.String(), flying.String()}
+	var got []string
+	for range want {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		m, err := sub.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			break
+		}
+		got = append(got, m.Payload)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("announced %q, want %q (done: deleted, then found no record; flying: deleted)", got, want)
 	}
 }
 
