@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -99,12 +100,78 @@ func infoReport(infos []infoResult, cfg *config) []string {
 		if m := median(in.warn, rps); m > 0 {
 			rr = median(in.info, rps) / m
 		}
-		below = append(below, fmt.Sprintf("info   delay %-4s info vs warn: proxy cpu µs/req %.1f vs %.1f = %s (issue 14 target ≤ +10 %%: %s); req/s %.2f× "+
+		below = append(below, fmt.Sprintf("info   delay %-4s info vs warn: proxy cpu µs/req %.1f vs %.1f = %s (medians); %s; req/s %.2f× "+
 			"(per round pair cpu/req/s %s; other processes, warn/info: %s of a core)",
-			delay, i, w, change(i, w), metMark(w > 0 && i/w-1 <= 0.10), rr, strings.Join(pairs, " "), strings.Join(other, " ")))
+			delay, i, w, change(i, w), pairVerdict(in), rr, strings.Join(pairs, " "), strings.Join(other, " ")))
 	}
 	tw.Flush()
 	out = append(out, strings.Split(strings.TrimRight(sb.String(), "\n"), "\n")...)
 	out = append(out, "")
 	return append(out, below...)
+}
+
+// infoLimit is issue 14's target: LOG_LEVEL=info may cost at most 10 % more
+// proxy CPU per request than warn.
+const infoLimit = 10.0
+
+// pairVerdict judges the target on the round pairs, not on the medians:
+// on a shared machine one pair's change scatters by ±10 % or more (issue
+// 14's runs: −19 to +33 %), so a few rounds' medians can land on either
+// side of the limit by chance. Each pair ran back to back, so its change
+// cancels most of the machine's drift; their mean, with a 95 % Student t
+// interval, says whether the cost is below the limit (the interval's top
+// under it), above it (its bottom over it), or not resolved by this many
+// rounds.
+func pairVerdict(in infoResult) string {
+	var d []float64
+	for k := 0; k < len(in.warn) && k < len(in.info); k++ {
+		if in.warn[k].cpuUs > 0 {
+			d = append(d, 100*(in.info[k].cpuUs/in.warn[k].cpuUs-1))
+		}
+	}
+	mean, half, ok := meanInterval(d)
+	if !ok {
+		return fmt.Sprintf("round pairs: %d, too few for an interval (issue 14 target ≤ +%.0f %%: not shown; run more -rounds)", len(d), infoLimit)
+	}
+	verdict := "not shown: the interval spans the limit; run more -rounds"
+	switch {
+	case mean+half <= infoLimit:
+		verdict = "met"
+	case mean-half > infoLimit:
+		verdict = "MISSED"
+	}
+	return fmt.Sprintf("round pairs: mean %+.1f %%, 95 %% interval %+.1f to %+.1f %% over %d pairs (issue 14 target ≤ +%.0f %%: %s)",
+		mean, mean-half, mean+half, len(d), infoLimit, verdict)
+}
+
+// meanInterval is the mean of v and the half-width of its 95 % Student t
+// interval; ok is false for fewer than two values.
+func meanInterval(v []float64) (mean, half float64, ok bool) {
+	n := len(v)
+	if n < 2 {
+		return 0, 0, false
+	}
+	for _, x := range v {
+		mean += x
+	}
+	mean /= float64(n)
+	var ss float64
+	for _, x := range v {
+		ss += (x - mean) * (x - mean)
+	}
+	sd := math.Sqrt(ss / float64(n-1))
+	return mean, t975(n-1) * sd / math.Sqrt(float64(n)), true
+}
+
+// t975 is Student's t distribution's 97.5th percentile for df degrees of
+// freedom (two-sided 95 %); above 30 the table's last value, which errs
+// on the wide side (1.96 in the limit).
+func t975(df int) float64 {
+	table := [...]float64{12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+		2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+		2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042}
+	if df > len(table) {
+		return table[len(table)-1]
+	}
+	return table[df-1]
 }

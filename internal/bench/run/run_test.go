@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -371,9 +372,10 @@ func TestInfoReport(t *testing.T) {
 	got := strings.Join(infoReport(infos, cfg), "\n")
 	for _, want := range []string{
 		"0      info       7200",
-		"info   delay 0    info vs warn: proxy cpu µs/req 111.0 vs 105.0 = +5.7 % (issue 14 target ≤ +10 %: met); req/s 0.96×",
+		// pairs +8.0 and +3.6 %: mean 5.8, sd 3.1, t(1) 12.706: ±27.7
+		"info   delay 0    info vs warn: proxy cpu µs/req 111.0 vs 105.0 = +5.7 % (medians); round pairs: mean +5.8 %, 95 % interval -21.9 to +33.5 % over 2 pairs (issue 14 target ≤ +10 %: not shown: the interval spans the limit; run more -rounds); req/s 0.96×",
 		"per round pair cpu/req/s +8.0 %/0.95× +3.6 %/0.97×",
-		"info   delay 2ms  info vs warn: proxy cpu µs/req 111.0 vs 100.0 = +11.0 % (issue 14 target ≤ +10 %: MISSED); req/s 0.83×",
+		"info   delay 2ms  info vs warn: proxy cpu µs/req 111.0 vs 100.0 = +11.0 % (medians); round pairs: 1, too few for an interval (issue 14 target ≤ +10 %: not shown; run more -rounds); req/s 0.83×",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("report lacks %q:\n%s", want, got)
@@ -381,6 +383,46 @@ func TestInfoReport(t *testing.T) {
 	}
 	if !regexp.MustCompile(`0\s+info\s+7200\s+0\.00ms\s+0\.00ms\s+111\.0\s+0\.0\s+311\s+0`).MatchString(got) {
 		t.Errorf("info row at delay 0: want medians req/s 7200, cpu 111.0, log bytes/req 311:\n%s", got)
+	}
+}
+
+// TestInfoPairVerdict: the LOG_LEVEL verdict comes from the round pairs'
+// mean and its 95 % t interval, so that a few noisy rounds can neither meet
+// nor miss the target by chance.
+func TestInfoPairVerdict(t *testing.T) {
+	if m, h, ok := meanInterval([]float64{1, 2, 3, 4, 5}); !ok || m != 3 || math.Abs(h-2.776*math.Sqrt(2.5)/math.Sqrt(5)) > 1e-9 {
+		t.Errorf("meanInterval(1..5) = %v ± %v (%v), want 3 ± %.4f", m, h, ok, 2.776*math.Sqrt(2.5)/math.Sqrt(5))
+	}
+	if _, h, _ := meanInterval(make([]float64, 100)); h != 0 {
+		t.Errorf("no scatter: half-width %v, want 0", h)
+	}
+	if got := t975(100); got != 2.042 {
+		t.Errorf("t975(100) = %v, want the table's last, 2.042", got)
+	}
+	pairs := func(changes ...float64) infoResult {
+		var in infoResult
+		for _, c := range changes {
+			in.warn = append(in.warn, sample{cpuUs: 100})
+			in.info = append(in.info, sample{cpuUs: 100 + c})
+		}
+		return in
+	}
+	for _, c := range []struct {
+		in   infoResult
+		want string
+	}{
+		// mean 3, sd 1.58, t(4) 2.776: 1.04 to 4.96
+		{pairs(1, 2, 3, 4, 5), "mean +3.0 %, 95 % interval +1.0 to +5.0 % over 5 pairs (issue 14 target ≤ +10 %: met)"},
+		{pairs(11, 12, 13, 14, 15), "mean +13.0 %, 95 % interval +11.0 to +15.0 % over 5 pairs (issue 14 target ≤ +10 %: MISSED)"},
+		// the medians (+8) are under the limit, the interval is not
+		{pairs(-10, 8, 30), "(issue 14 target ≤ +10 %: not shown: the interval spans the limit"},
+		{pairs(9.99, 10, 10.01), "(issue 14 target ≤ +10 %: not shown: the interval spans the limit"},
+		{pairs(4), "round pairs: 1, too few for an interval"},
+		{infoResult{warn: []sample{{cpuUs: 0}, {cpuUs: 100}}, info: []sample{{cpuUs: 50}, {cpuUs: 101}}}, "round pairs: 1, too few"},
+	} {
+		if got := pairVerdict(c.in); !strings.Contains(got, c.want) {
+			t.Errorf("pairVerdict: %q, want it to contain %q", got, c.want)
+		}
 	}
 }
 
