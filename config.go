@@ -53,6 +53,7 @@ type Config struct {
 	MaxBodyBytes           int64         `env:"MAX_BODY_BYTES" envDefault:"1048576"`
 	MaxStoredResponseBytes int64         `env:"MAX_STORED_RESPONSE_BYTES" envDefault:"1048576"`
 	MaxBufferedBytes       int64         `env:"MAX_BUFFERED_BYTES" envDefault:"33554432"`
+	GoMemLimitRatio        float64       `env:"GOMEMLIMIT_RATIO" envDefault:"0.9"`
 	ScopeHeaders           []string      `env:"SCOPE_HEADERS" envDefault:"Authorization" envSeparator:","`
 	FailMode               string        `env:"FAIL_MODE" envDefault:"closed"`
 	WaitTimeout            time.Duration `env:"WAIT_TIMEOUT" envDefault:"0s"`
@@ -68,7 +69,10 @@ type Config struct {
 
 	// Derived by loadConfig.
 	warnings []string // allowed but risky settings, for the log and /readyz
-	upstream *url.URL
+	// goMemLimit is GOMEMLIMIT, Go's own variable: when set, the runtime has
+	// applied it, and GOMEMLIMIT_RATIO is not (memlimit.go).
+	goMemLimit string
+	upstream   *url.URL
 	// upstreamID is UPSTREAM_ID, or when it is unset or empty the identity
 	// derived from UPSTREAM_URL (see deriveUpstreamID). It is part of the
 	// request fingerprint: answers recorded in front of one upstream are
@@ -113,6 +117,7 @@ func loadConfig(environ []string) (*Config, error) {
 		// MAX_BUFFERED_BYTES existed still starts.
 		cfg.MaxBufferedBytes = max(cfg.MaxBufferedBytes, cfg.oneRequestBytes())
 	}
+	cfg.goMemLimit = strings.TrimSpace(envMap["GOMEMLIMIT"])
 	problems = append(problems, cfg.validate(envMap, failed)...)
 	if len(problems) > 0 {
 		return nil, errors.New("invalid configuration:\n  " + strings.Join(problems, "\n  "))
@@ -446,6 +451,12 @@ func (c *Config) checkSizes(k *checker) {
 	}
 	if c.MaxStoredResponseBytes < 0 {
 		k.bad("MAX_STORED_RESPONSE_BYTES=%q: must not be negative", k.value("MAX_STORED_RESPONSE_BYTES", fmt.Sprint(c.MaxStoredResponseBytes)))
+	}
+	// 0 is off; a ratio under one half leaves most of the container unused
+	// and has the collector run all the time: a typo (0.09 for 0.9), not a
+	// setting. (NaN fails both comparisons.)
+	if r := c.GoMemLimitRatio; r != 0 && !(r >= 0.5 && r <= 1) && !k.failed["GOMEMLIMIT_RATIO"] {
+		k.bad("GOMEMLIMIT_RATIO=%q: want 0 (off) or a fraction of the container's memory limit from 0.5 to 1", k.value("GOMEMLIMIT_RATIO", fmt.Sprint(r)))
 	}
 	one := c.oneRequestBytes()
 	switch {

@@ -79,7 +79,9 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		defer func() { reportLogError(lb.Close()) }()
 		out = lb
 	}
-	a, err := start(cfg, newLogger(cfg, out))
+	logger := newLogger(cfg, out)
+	applyMemoryLimit(cfg, logger)
+	a, err := start(cfg, logger)
 	if err != nil {
 		return err
 	}

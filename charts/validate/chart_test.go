@@ -24,7 +24,7 @@ var contractVars = []string{
 	"UPSTREAM_URL", "LISTEN_ADDR", "ADMIN_ADDR", "REDIS_MODE", "REDIS_ADDRS", "REDIS_MASTER_NAME",
 	"REDIS_TLS", "REDIS_WAIT_REPLICAS", "REDIS_WAIT_TIMEOUT", "REDIS_AUTOPIPELINE", "REPLAY_CACHE_BYTES", "KEY_PREFIX", "RECORD_FORMAT", "IDEMPOTENCY_HEADER", "METHODS", "TTL",
 	"LOCK_TTL", "UPSTREAM_TIMEOUT", "UPSTREAM_ID", "REQUEST_READ_TIMEOUT", "REQUIRE_KEY", "MAX_KEY_LENGTH", "MAX_BODY_BYTES",
-	"MAX_STORED_RESPONSE_BYTES", "MAX_BUFFERED_BYTES", "SCOPE_HEADERS", "FINGERPRINT", "FAIL_MODE", "WAIT_TIMEOUT", "ON_5XX", "ON_UNKNOWN", "MODE", "DOCS_URL", "ROUTES",
+	"MAX_STORED_RESPONSE_BYTES", "MAX_BUFFERED_BYTES", "GOMEMLIMIT_RATIO", "SCOPE_HEADERS", "FINGERPRINT", "FAIL_MODE", "WAIT_TIMEOUT", "ON_5XX", "ON_UNKNOWN", "MODE", "DOCS_URL", "ROUTES",
 	"LOG_LEVEL", "LOG_FORMAT", "SHUTDOWN_TIMEOUT",
 }
 
@@ -521,6 +521,9 @@ func TestRenderFails(t *testing.T) {
 		{"body bound", []string{"--set", "config.maxBodyBytes=67108865"}, "/config/maxBodyBytes"},
 		{"stored bound", []string{"--set", "config.maxStoredResponseBytes=67108865"}, "/config/maxStoredResponseBytes"},
 		{"buffered zero", []string{"--set", "config.maxBufferedBytes=0"}, "/config/maxBufferedBytes"},
+		{"memory ratio below one half", []string{"--set", "config.goMemLimitRatio=0.09"}, "/config/goMemLimitRatio"},
+		{"memory ratio above one", []string{"--set", "config.goMemLimitRatio=90"}, "/config/goMemLimitRatio"},
+		{"memory ratio not a number", []string{"--set-string", "config.goMemLimitRatio=90%"}, "/config/goMemLimitRatio"},
 		{"buffered below one request", []string{"--set", "config.maxBodyBytes=33554432"}, "config.maxBufferedBytes (MAX_BUFFERED_BYTES=33554432) must hold one keyed request's body and answer, at least config.maxBodyBytes (MAX_BODY_BYTES=33554432) + config.maxStoredResponseBytes (MAX_STORED_RESPONSE_BYTES=1048576) + 16384 = 34619392"},
 		{"bad FINGERPRINT", []string{"--set", "config.fingerprint=loose"}, "/config/fingerprint"},
 		{"bad route fingerprint", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].fingerprint=bytes"}, "/config/routes/0/fingerprint"},

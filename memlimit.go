@@ -1,0 +1,59 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"runtime/debug"
+
+	"github.com/KimMachineGun/automemlimit/memlimit"
+	"github.com/rs/zerolog"
+)
+
+// containerMemoryLimit reads the memory limit of the process's cgroup (v1 or
+// v2, nested paths included: the part worth a library); memlimit.ErrNoLimit
+// when there is none. A variable so that a test can stand in for a container.
+var containerMemoryLimit = memlimit.FromCgroup
+
+// proxyBaseBytes is what the README's sizing adds for everything but the
+// buffers and the replay cache: the runtime, connections, Redis clients.
+const proxyBaseBytes = 30 << 20
+
+// applyMemoryLimit gives Go's collector the container's memory limit: left
+// alone, the heap grows to about twice what is live between collections
+// whatever the limit, and a burst that the buffers' bound admits can still
+// get the process OOM-killed with every claim it holds in flight. With
+// GOMEMLIMIT at GOMEMLIMIT_RATIO of the limit, the collector works harder
+// as the heap nears it instead. An explicit GOMEMLIMIT (the runtime has
+// applied it already) or a ratio of 0 leaves the runtime as it is. It also
+// warns, for the log and /readyz, when the configured buffers and cache need
+// more than the container has.
+func applyMemoryLimit(cfg *Config, logger zerolog.Logger) {
+	limit, err := containerMemoryLimit()
+	switch {
+	case errors.Is(err, memlimit.ErrNoLimit), err == nil && limit > math.MaxInt64:
+		logger.Debug().Msg("no container memory limit: Go's memory limit left as it is")
+		return
+	case err != nil:
+		logger.Info().Err(err).Msg("container memory limit unknown: Go's memory limit left as it is (GOMEMLIMIT sets one)")
+		return
+	}
+	need := 2*cfg.MaxBufferedBytes + int64(cfg.ReplayCacheBytes) + proxyBaseBytes
+	if limit < uint64(need) {
+		cfg.warnings = append(cfg.warnings, fmt.Sprintf(
+			"MAX_BUFFERED_BYTES=%d and REPLAY_CACHE_BYTES=%d need about %d MiB (twice the first, the second and 30 MiB), more than the container's memory limit of %d MiB: under load the process may be killed, with every claim it holds in flight; raise the limit or lower them",
+			cfg.MaxBufferedBytes, cfg.ReplayCacheBytes, need>>20, limit>>20))
+	}
+	switch {
+	case cfg.goMemLimit != "":
+		logger.Info().Uint64("container_memory_limit", limit).Str("gomemlimit", cfg.goMemLimit).
+			Msg("Go's memory limit set by GOMEMLIMIT; GOMEMLIMIT_RATIO not applied")
+	case cfg.GoMemLimitRatio == 0:
+		logger.Info().Uint64("container_memory_limit", limit).Msg("GOMEMLIMIT_RATIO=0: Go's memory limit left as it is")
+	default:
+		set := int64(float64(limit) * cfg.GoMemLimitRatio)
+		debug.SetMemoryLimit(set)
+		logger.Info().Uint64("container_memory_limit", limit).Int64("gomemlimit", set).
+			Float64("ratio", cfg.GoMemLimitRatio).Msg("Go's memory limit set from the container's (GOMEMLIMIT_RATIO)")
+	}
+}

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"runtime/debug"
+	"strings"
+	"testing"
+
+	"github.com/KimMachineGun/automemlimit/memlimit"
+	"github.com/rs/zerolog"
+
+	"github.com/idemproxy/idemproxy/internal/testutil"
+)
+
+// inContainer stands in for a container whose memory limit is limit (err:
+// what reading the cgroup returns instead), and puts Go's memory limit
+// back after the test: it is the whole test process's.
+func inContainer(t *testing.T, limit uint64, err error) {
+	t.Helper()
+	prev := containerMemoryLimit
+	before := debug.SetMemoryLimit(-1)
+	containerMemoryLimit = func() (uint64, error) { return limit, err }
+	t.Cleanup(func() {
+		containerMemoryLimit = prev
+		debug.SetMemoryLimit(before)
+	})
+}
+
+func TestGoMemLimitRatioConfig(t *testing.T) {
+	const up = "UPSTREAM_URL=http://127.0.0.1:9000"
+	cfg, err := loadConfig([]string{up})
+	if err != nil || cfg.GoMemLimitRatio != 0.9 || cfg.goMemLimit != "" {
+		t.Fatalf("default: %v, GOMEMLIMIT_RATIO %v, GOMEMLIMIT %q; want 0.9 and none", err, cfg.GoMemLimitRatio, cfg.goMemLimit)
+	}
+	for _, v := range []string{"0", "0.5", "0.75", "1"} {
+		if cfg, err := loadConfig([]string{up, "GOMEMLIMIT_RATIO=" + v}); err != nil || fmt.Sprint(cfg.GoMemLimitRatio) != v {
+			t.Errorf("GOMEMLIMIT_RATIO=%s: %v, want it accepted", v, err)
+		}
+	}
+	for _, v := range []string{"0.09", "0.49", "1.01", "90", "-0.9", "NaN", "Inf", "90%", "off"} {
+		_, err := loadConfig([]string{up, "GOMEMLIMIT_RATIO=" + v})
+		if err == nil || !strings.Contains(err.Error(), `GOMEMLIMIT_RATIO="`+v+`"`) || strings.Count(err.Error(), "GOMEMLIMIT_RATIO") != 1 {
+			t.Errorf("GOMEMLIMIT_RATIO=%s: %v; want one error naming the variable and the value", v, err)
+		}
+	}
+	if cfg, err := loadConfig([]string{up, "GOMEMLIMIT=200MiB"}); err != nil || cfg.goMemLimit != "200MiB" {
+		t.Errorf("GOMEMLIMIT=200MiB: %v, kept %q", err, cfg.goMemLimit)
+	}
+}
+
+func TestApplyMemoryLimit(t *testing.T) {
+	const up = "UPSTREAM_URL=http://127.0.0.1:9000"
+	const big = 64 << 30 // large enough that the test process is not squeezed
+	bigF := float64(big)
+	ninety := int64(bigF * 0.9)
+	for _, tt := range []struct {
+		name  string
+		env   []string
+		limit uint64
+		err   error
+		want  int64  // Go's memory limit after; -1: unchanged
+		warn  string // in cfg.warnings; "" none
+		log   string
+	}{
+		{name: "ratio of the container's", limit: big, want: ninety, log: `"gomemlimit":` + fmt.Sprint(ninety)},
+		{name: "ratio 1", env: []string{"GOMEMLIMIT_RATIO=1"}, limit: big, want: big},
+		{name: "off", env: []string{"GOMEMLIMIT_RATIO=0"}, limit: big, want: -1, log: "GOMEMLIMIT_RATIO=0"},
+		{name: "GOMEMLIMIT set", env: []string{"GOMEMLIMIT=1GiB"}, limit: big, want: -1, log: "set by GOMEMLIMIT"},
+		{name: "no container limit", err: memlimit.ErrNoLimit, want: -1},
+		{name: "cgroup unreadable", err: fmt.Errorf("open /proc/self/mountinfo: permission denied"), want: -1, log: "container memory limit unknown"},
+		{name: "limit beyond int64", limit: math.MaxUint64, want: -1},
+		// 2 × 32 MiB + 16 MiB + 30 MiB = 110 MiB
+		{name: "defaults in 109 MiB", env: []string{"GOMEMLIMIT_RATIO=0"}, limit: 109 << 20, want: -1,
+			warn: "MAX_BUFFERED_BYTES=33554432 and REPLAY_CACHE_BYTES=16777216 need about 110 MiB (twice the first, the second and 30 MiB), more than the container's memory limit of 109 MiB"},
+		{name: "defaults in 110 MiB", env: []string{"GOMEMLIMIT_RATIO=0"}, limit: 110 << 20, want: -1},
+		{name: "raised buffers in 256 MiB", env: []string{"GOMEMLIMIT_RATIO=0", "MAX_BUFFERED_BYTES=134217728", "REPLAY_CACHE_BYTES=0"}, limit: 256 << 20, want: -1,
+			warn: "MAX_BUFFERED_BYTES=134217728 and REPLAY_CACHE_BYTES=0 need about 286 MiB"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			inContainer(t, tt.limit, tt.err)
+			before := debug.SetMemoryLimit(-1)
+			cfg, err := loadConfig(append([]string{up}, tt.env...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var logs testutil.SyncBuffer
+			applyMemoryLimit(cfg, zerolog.New(&logs).Level(zerolog.InfoLevel))
+			want := tt.want
+			if want == -1 {
+				want = before
+			}
+			if got := debug.SetMemoryLimit(-1); got != want {
+				t.Errorf("Go's memory limit %d, want %d", got, want)
+			}
+			switch w := strings.Join(cfg.warnings, "\n"); {
+			case tt.warn == "" && w != "":
+				t.Errorf("warnings %q, want none", w)
+			case !strings.Contains(w, tt.warn):
+				t.Errorf("warnings %q, want %q", w, tt.warn)
+			}
+			if !strings.Contains(logs.String(), tt.log) {
+				t.Errorf("log %q, want %q", logs.String(), tt.log)
+			}
+			if tt.want == -1 && strings.Contains(logs.String(), `"gomemlimit":`) && !strings.Contains(logs.String(), "set by GOMEMLIMIT") {
+				t.Errorf("log %q says a limit was set; want none", logs.String())
+			}
+		})
+	}
+}
+
+// TestRunAppliesMemoryLimit: run applies it before it starts serving, and
+// the warning reaches the start log and /readyz.
+func TestRunAppliesMemoryLimit(t *testing.T) {
+	inContainer(t, 100<<20, nil)
+	var stdout testutil.SyncBuffer
+	p := startRun(t, &stdout)
+	_, body, err := get(newClient(t), "http://"+p.admin+"/readyz")
+	if err != nil || !strings.Contains(body, "more than the container's memory limit of 100 MiB") {
+		t.Errorf("/readyz: %v %q; want the memory warning", err, body)
+	}
+	if err := p.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := debug.SetMemoryLimit(-1), int64(float64(uint64(100<<20))*0.9); got != want {
+		t.Errorf("Go's memory limit %d, want %d", got, want)
+	}
+	if log := stdout.String(); !strings.Contains(log, `"container_memory_limit":104857600`) || !strings.Contains(log, "more than the container's memory limit") {
+		t.Errorf("start log lacks the memory limit or its warning:\n%s", log)
+	}
+}
