@@ -205,11 +205,17 @@ type proc struct {
 // it is still running.
 func startBinary(t *testing.T, bin string, env ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(bin), stdout: &testutil.SyncBuffer{}, stderr: &testutil.SyncBuffer{}, done: make(chan struct{})}
+	return startBinaryArgs(t, []string{bin}, env...)
+}
+
+// startBinaryArgs is startBinary with arguments: argv[0] is the program.
+func startBinaryArgs(t *testing.T, argv []string, env ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(argv[0], argv[1:]...), stdout: &testutil.SyncBuffer{}, stderr: &testutil.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
 	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", bin, err)
+		t.Fatalf("start %s: %v", argv[0], err)
 	}
 	go func() {
 		_ = p.cmd.Wait()
