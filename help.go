@@ -17,10 +17,11 @@ Usage:
   idemproxy --help      print this help
 
 Commands:
-  keys hash|get|list|purge
+  keys hash|get|list|purge|forget
                         operator commands on the records in Redis: the key_hash
-                        of a key, read, list or purge a record (idemproxy keys
-                        --help; they need the proxies' shared Redis)
+                        of a key, read, list or purge a record, tell the proxies
+                        to forget one (idemproxy keys --help; they need the
+                        proxies' shared Redis)
 
 Configuration comes from environment variables only; config.example.env lists
 every one with its default. A malformed value stops the proxy at start, naming

@@ -42,6 +42,8 @@ Commands:
                            print records as NDJSON, one a line (SCAN, never KEYS)
   purge KEY_HASH [--state STATE]
                            delete a record: the next request with its key executes
+  forget KEY_HASH          tell every proxy to drop it from its replay cache again
+                           (after a purge that could not); deletes nothing
 
 KEY_HASH is the 64 hex digits of key_hash in the access log. Exit status: 0
 done, 1 failure (Redis unreachable, no such record), 2 usage error.
@@ -101,6 +103,21 @@ takeover since you looked included, is refused). Otherwise nothing is
 deleted, it prints {"key_hash":...,"purged":false,"state":...} (the state
 found, "" for no record) and exits 1.
 
+If the record was deleted but the proxies could not be told (exit 1, "could
+not announce"), do not purge again: a request may have executed and been
+recorded since. Run keys forget KEY_HASH.
+
+Flags:
+`,
+	"forget": `Usage: idemproxy keys forget KEY_HASH
+
+Tells every running proxy to drop KEY_HASH from its replay cache, as purge
+does after deleting (Pub/Sub on KEY_PREFIX + "purge"; with Sentinel on every
+data node), and deletes nothing in Redis. For a purge that deleted the
+record but could not announce it: running purge again would delete the
+answer of a request that executed since. Prints
+{"key_hash":...,"announced":true}; exit 1 when the announcement fails.
+
 Flags:
 `,
 }
@@ -133,6 +150,8 @@ func runKeys(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 		run = kc.listFlags()
 	case "purge":
 		run = kc.purgeFlags()
+	case "forget":
+		run = kc.forgetFlags()
 	}
 	pos, err := parseInterleaved(kc.fs, args)
 	if errors.Is(err, flag.ErrHelp) {
@@ -255,7 +274,8 @@ func (kc *keysCmd) redisFailed(err error) error {
 	return fmt.Errorf("keys %s: Redis (%s): %w", kc.name, where, err)
 }
 
-// openKey reads the one KEY_HASH argument of get and purge, then connects.
+// openKey reads the one KEY_HASH argument of get, purge and forget, then
+// connects.
 func (kc *keysCmd) openKey(pos []string) (claim.Key, *claim.Inspector, func(), error) {
 	k, err := kc.keyHash(pos)
 	if err != nil {
@@ -596,16 +616,7 @@ func (kc *keysCmd) purgeFlags() func(context.Context, []string) error {
 				case errors.Is(err, claim.ErrClaimLive):
 					return fmt.Errorf("key_hash %s not purged: it is in flight, but not abandoned: %w; a request holds it (perhaps one that took it over since you looked); plain keys purge deletes it all the same", k, err)
 				case found == "":
-					// PurgeIf announced the purge all the same (a replica's
-					// cache may hold what Redis no longer has); a joined
-					// error is that announcement's failure.
-					told := "the replicas were told to forget it all the same"
-					if err != claim.ErrStateDiffers { //nolint:errorlint // identity: anything more is the announcement's error
-						told = err.Error()
-					} else if kc.cfg.RedisMode == "sentinel" {
-						kc.announceOnEveryNode(ctx, k)
-					}
-					return fmt.Errorf("key_hash %s not purged: no record (never claimed, expired, released or purged; KEY_PREFIX=%q), not --state=%s (%s); plain keys purge also removes a claim mark a version before 2026-11-23 left", k, kc.cfg.KeyPrefix, *state, told)
+					return fmt.Errorf("key_hash %s not purged: no record (never claimed, expired, released or purged; KEY_PREFIX=%q), not --state=%s; plain keys purge also removes a claim mark a version before 2026-11-23 left; if a purge of it could not announce itself, keys forget %s tells the replicas", k, kc.cfg.KeyPrefix, *state, k)
 				}
 				return fmt.Errorf("key_hash %s not purged: its record is %s, not --state=%s", k, found, *state)
 			}
@@ -615,6 +626,9 @@ func (kc *keysCmd) purgeFlags() func(context.Context, []string) error {
 		if err != nil {
 			if purged {
 				_ = writeJSON(kc.stdout, map[string]any{"key_hash": k.String(), "purged": true})
+				// Not purge again: a request may have executed and
+				// recorded an answer since, which it would delete.
+				return fmt.Errorf("%w; idemproxy keys forget %s tells the replicas again and deletes nothing", kc.redisFailed(err), k)
 			}
 			return kc.redisFailed(err)
 		}
@@ -628,6 +642,26 @@ func (kc *keysCmd) purgeFlags() func(context.Context, []string) error {
 			KeyHash string `json:"key_hash"`
 			Purged  bool   `json:"purged"`
 		}{k.String(), purged})
+	}
+}
+
+func (kc *keysCmd) forgetFlags() func(context.Context, []string) error {
+	return func(ctx context.Context, pos []string) error {
+		k, in, closeRedis, err := kc.openKey(pos)
+		if err != nil {
+			return err
+		}
+		defer closeRedis()
+		if err := in.Announce(ctx, k); err != nil {
+			return kc.redisFailed(err)
+		}
+		if kc.cfg.RedisMode == "sentinel" {
+			kc.announceOnEveryNode(ctx, k)
+		}
+		return writeJSON(kc.stdout, struct {
+			KeyHash   string `json:"key_hash"`
+			Announced bool   `json:"announced"`
+		}{k.String(), true})
 	}
 }
 
@@ -687,7 +721,7 @@ func (kc *keysCmd) announceOnEveryNode(ctx context.Context, k claim.Key) {
 	}
 	wg.Wait()
 	if asked == 0 {
-		fmt.Fprintf(kc.stderr, "idemproxy keys purge: no sentinel of REDIS_ADDRS=%q answered; the purge was announced on the master only\n", strings.Join(cfg.RedisAddrs, ","))
+		fmt.Fprintf(kc.stderr, "idemproxy keys %s: no sentinel of REDIS_ADDRS=%q answered; the purge was announced on the master only\n", kc.name, strings.Join(cfg.RedisAddrs, ","))
 		return
 	}
 	for addr := range nodes {
@@ -697,7 +731,7 @@ func (kc *keysCmd) announceOnEveryNode(ctx context.Context, k claim.Key) {
 			if err := c.Publish(ctx, claim.PurgeChannel(cfg.KeyPrefix), k.String()).Err(); err != nil {
 				mu.Lock()
 				defer mu.Unlock()
-				fmt.Fprintf(kc.stderr, "idemproxy keys purge: could not announce it on %s too (%v); a proxy still subscribed there notices within 20 s (its probe goes unheard) and drops its replay cache\n", addr, err)
+				fmt.Fprintf(kc.stderr, "idemproxy keys %s: could not announce it on %s too (%v); a proxy still subscribed there notices within 20 s (its probe goes unheard) and drops its replay cache\n", kc.name, addr, err)
 			}
 		})
 	}

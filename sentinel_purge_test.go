@@ -109,13 +109,12 @@ func TestPurgeHeardAfterSentinelSwitchWithoutDemotion(t *testing.T) {
 	}
 }
 
-// TestPurgeStateOfNothingAnnouncedOnEveryNode: with Sentinel, `keys purge
-// --state` that finds no record announces the purge on every data node,
-// as a plain purge does (a proxy's subscription may still be on a node the
-// master's PUBLISH does not reach). A subscriber on the replica hears the
-// master's announcement through replication and, announced on every node,
-// the replica's own as well.
-func TestPurgeStateOfNothingAnnouncedOnEveryNode(t *testing.T) {
+// TestKeysForgetOnEveryNode: with Sentinel, keys forget announces on every
+// data node, as purge does (a proxy's subscription may still be on a node
+// the master's PUBLISH does not reach). A subscriber on the replica hears
+// the master's announcement through replication and, announced on every
+// node, the replica's own as well.
+func TestKeysForgetOnEveryNode(t *testing.T) {
 	sn := redistest.StartSentinel(t)
 	ctx := context.Background()
 	sub := sn.Replica().Client().Subscribe(ctx, claim.PurgeChannel("idem:"))
@@ -124,10 +123,9 @@ func TestPurgeStateOfNothingAnnouncedOnEveryNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := []string{"REDIS_MODE=sentinel", "REDIS_ADDRS=" + strings.Join(sn.Addrs(), ","), "REDIS_MASTER_NAME=" + sn.MasterName()}
-	hash := strings.TrimSpace(keysOK(t, env, "hash", "never-claimed"))
-	out, errOut, code := keysRun(t, env, "purge", hash, "--state", "completed")
-	if code != 1 || !strings.Contains(out, `"state":""`) || !strings.Contains(errOut, "the replicas were told to forget it all the same") {
-		t.Fatalf("purge --state of no record: exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	hash := strings.TrimSpace(keysOK(t, env, "hash", "forget-me"))
+	if out := keysOK(t, env, "forget", hash); !strings.Contains(out, `"announced":true`) {
+		t.Fatalf("keys forget: %s", out)
 	}
 	heard := 0
 	for heard < 2 {
@@ -142,6 +140,6 @@ func TestPurgeStateOfNothingAnnouncedOnEveryNode(t *testing.T) {
 		}
 	}
 	if heard < 2 {
-		t.Errorf("the replica's subscriber heard the purge %d time(s), want at least 2 (through replication, and announced on the replica itself)", heard)
+		t.Errorf("the replica's subscriber heard the forget %d time(s), want at least 2 (through replication, and announced on the replica itself)", heard)
 	}
 }

@@ -240,7 +240,13 @@ func (in *Inspector) Purge(ctx context.Context, k Key) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("delete %s: %w", k, err)
 	}
-	return n > 0, in.announce(ctx, k, n > 0)
+	if err := in.Announce(ctx, k); err != nil {
+		if n > 0 {
+			return true, fmt.Errorf("deleted %s, but %w", k, err)
+		}
+		return false, err
+	}
+	return n > 0, nil
 }
 
 // ErrStateDiffers: PurgeIf found the record in another state than asked, or
@@ -260,8 +266,7 @@ var ErrClaimLive = errors.New("claim: the in-flight claim's lock is still runnin
 // the operator looked included, is refused with ErrClaimLive. It returns
 // the state found ("" when there was no record) and whether it deleted the
 // record; when the state is not want it deletes and announces nothing, and
-// returns ErrStateDiffers (with no record at all it announces the purge
-// all the same, as Purge does). A record whose answer does not decode is judged
+// returns ErrStateDiffers. A record whose answer does not decode is judged
 // by its state all the same. A record that changed during the transaction
 // is read again (three times at most).
 func (in *Inspector) PurgeIf(ctx context.Context, k Key, want State) (State, bool, error) {
@@ -308,14 +313,6 @@ func (in *Inspector) PurgeIf(ctx context.Context, k Key, want State) (State, boo
 		}
 	}
 	switch {
-	case errors.Is(err, ErrStateDiffers) && found == "":
-		// No record, yet a replica may still replay one from its cache: an
-		// operator re-running a purge whose announcement failed must reach
-		// the caches, as a plain Purge of nothing does.
-		if aerr := in.announce(ctx, k, false); aerr != nil {
-			return found, false, errors.Join(err, aerr)
-		}
-		return found, false, err
 	case errors.Is(err, ErrStateDiffers):
 		return found, false, err
 	case errors.Is(err, ErrClaimLive):
@@ -328,18 +325,20 @@ func (in *Inspector) PurgeIf(ctx context.Context, k Key, want State) (State, boo
 	case err != nil:
 		return found, false, fmt.Errorf("delete %s: %w", k, err)
 	}
-	return found, true, in.announce(ctx, k, true)
+	if err := in.Announce(ctx, k); err != nil {
+		return found, true, fmt.Errorf("deleted %s, but %w", k, err)
+	}
+	return found, true, nil
 }
 
-// announce publishes the purge of k on PurgeChannel, for every replica's
-// replay cache; deleted says whether a record was deleted, for the error.
-func (in *Inspector) announce(ctx context.Context, k Key, deleted bool) error {
+// Announce publishes the purge of k on PurgeChannel, so that every replica
+// drops k from its replay cache; it deletes nothing. Purge and PurgeIf
+// announce what they delete; Announce alone is for telling the replicas
+// again when that announcement failed, without deleting a record that a
+// request may have written since.
+func (in *Inspector) Announce(ctx context.Context, k Key) error {
 	if err := in.rdb.Publish(ctx, PurgeChannel(in.prefix), k.String()).Err(); err != nil {
-		what := "deleted " + k.String()
-		if !deleted {
-			what = "no record of " + k.String()
-		}
-		return fmt.Errorf("%s, but could not announce its purge to the replicas' replay caches (PUBLISH %s): %w", what, PurgeChannel(in.prefix), err)
+		return fmt.Errorf("could not announce the purge of %s to the replicas' replay caches (PUBLISH %s): %w", k, PurgeChannel(in.prefix), err)
 	}
 	return nil
 }
