@@ -176,6 +176,8 @@ func typeHint(t reflect.Type) string {
 		return "not a boolean; use true or false"
 	case reflect.TypeFor[int](), reflect.TypeFor[int64]():
 		return "not a whole number"
+	case reflect.TypeFor[float64](): // GOMEMLIMIT_RATIO, the one float
+		return "not a number; want 0 (off) or a fraction from 0.5 to 1, such as 0.9"
 	}
 	return "cannot be parsed as " + t.String()
 }

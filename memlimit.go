@@ -38,22 +38,30 @@ func applyMemoryLimit(cfg *Config, logger zerolog.Logger) {
 		logger.Info().Err(err).Msg("container memory limit unknown: Go's memory limit left as it is (GOMEMLIMIT sets one)")
 		return
 	}
-	need := 2*cfg.MaxBufferedBytes + int64(cfg.ReplayCacheBytes) + proxyBaseBytes
-	if limit < uint64(need) {
+	// In floating point: MAX_BUFFERED_BYTES has no upper bound, and twice a
+	// value set "out of the way" would wrap in int64.
+	need := 2*float64(cfg.MaxBufferedBytes) + float64(cfg.ReplayCacheBytes) + proxyBaseBytes
+	if float64(limit) < need {
 		cfg.warnings = append(cfg.warnings, fmt.Sprintf(
-			"MAX_BUFFERED_BYTES=%d and REPLAY_CACHE_BYTES=%d need about %d MiB (twice the first, the second and 30 MiB), more than the container's memory limit of %d MiB: under load the process may be killed, with every claim it holds in flight; raise the limit or lower them",
-			cfg.MaxBufferedBytes, cfg.ReplayCacheBytes, need>>20, limit>>20))
+			"MAX_BUFFERED_BYTES=%d and REPLAY_CACHE_BYTES=%d need about %.0f MiB (twice the first, the second and 30 MiB), more than the container's memory limit of %d MiB: under load the process may be killed, with every claim it holds in flight; raise the limit or lower them",
+			cfg.MaxBufferedBytes, cfg.ReplayCacheBytes, math.Ceil(need/(1<<20)), limit>>20))
 	}
+	// gomemlimit is always the limit in force, in bytes (a number: log
+	// stores fix a field's type by its first value); GOMEMLIMIT as given,
+	// a string, goes in a field of its own.
+	ev := logger.Info().Uint64("container_memory_limit", limit)
 	switch {
+	case cfg.goMemLimit != "" && debug.SetMemoryLimit(-1) == math.MaxInt64:
+		ev.Str("GOMEMLIMIT", cfg.goMemLimit).Msg("no Go memory limit: GOMEMLIMIT sets none; GOMEMLIMIT_RATIO not applied")
 	case cfg.goMemLimit != "":
-		logger.Info().Uint64("container_memory_limit", limit).Str("gomemlimit", cfg.goMemLimit).
+		ev.Int64("gomemlimit", debug.SetMemoryLimit(-1)).Str("GOMEMLIMIT", cfg.goMemLimit).
 			Msg("Go's memory limit set by GOMEMLIMIT; GOMEMLIMIT_RATIO not applied")
 	case cfg.GoMemLimitRatio == 0:
-		logger.Info().Uint64("container_memory_limit", limit).Msg("GOMEMLIMIT_RATIO=0: Go's memory limit left as it is")
+		ev.Msg("GOMEMLIMIT_RATIO=0: Go's memory limit left as it is")
 	default:
 		set := int64(float64(limit) * cfg.GoMemLimitRatio)
 		debug.SetMemoryLimit(set)
-		logger.Info().Uint64("container_memory_limit", limit).Int64("gomemlimit", set).
-			Float64("ratio", cfg.GoMemLimitRatio).Msg("Go's memory limit set from the container's (GOMEMLIMIT_RATIO)")
+		ev.Int64("gomemlimit", set).Float64("ratio", cfg.GoMemLimitRatio).
+			Msg("Go's memory limit set from the container's (GOMEMLIMIT_RATIO)")
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"runtime/debug"
@@ -40,8 +41,9 @@ func TestGoMemLimitRatioConfig(t *testing.T) {
 	}
 	for _, v := range []string{"0.09", "0.49", "1.01", "90", "-0.9", "NaN", "Inf", "90%", "off"} {
 		_, err := loadConfig([]string{up, "GOMEMLIMIT_RATIO=" + v})
-		if err == nil || !strings.Contains(err.Error(), `GOMEMLIMIT_RATIO="`+v+`"`) || strings.Count(err.Error(), "GOMEMLIMIT_RATIO") != 1 {
-			t.Errorf("GOMEMLIMIT_RATIO=%s: %v; want one error naming the variable and the value", v, err)
+		if err == nil || !strings.Contains(err.Error(), `GOMEMLIMIT_RATIO="`+v+`"`) || strings.Count(err.Error(), "GOMEMLIMIT_RATIO") != 1 ||
+			!strings.Contains(err.Error(), "0 (off)") || !strings.Contains(err.Error(), "0.5 to 1") {
+			t.Errorf("GOMEMLIMIT_RATIO=%s: %v; want one error naming the variable, the value and what is accepted", v, err)
 		}
 	}
 	if cfg, err := loadConfig([]string{up, "GOMEMLIMIT=200MiB"}); err != nil || cfg.goMemLimit != "200MiB" {
@@ -55,20 +57,24 @@ func TestApplyMemoryLimit(t *testing.T) {
 	bigF := float64(big)
 	ninety := int64(bigF * 0.9)
 	for _, tt := range []struct {
-		name  string
-		env   []string
-		limit uint64
-		err   error
-		want  int64  // Go's memory limit after; -1: unchanged
-		warn  string // in cfg.warnings; "" none
-		log   string
+		name    string
+		env     []string
+		runtime int64 // Go's limit as the runtime set it from GOMEMLIMIT; 0: as it is
+		limit   uint64
+		err     error
+		want    int64  // Go's memory limit after; -1: unchanged
+		warn    string // in cfg.warnings; "" none
+		log     []string
 	}{
-		{name: "ratio of the container's", limit: big, want: ninety, log: `"gomemlimit":` + fmt.Sprint(ninety)},
+		{name: "ratio of the container's", limit: big, want: ninety, log: []string{`"container_memory_limit":68719476736,"gomemlimit":` + fmt.Sprint(ninety) + `,"ratio":0.9`}},
 		{name: "ratio 1", env: []string{"GOMEMLIMIT_RATIO=1"}, limit: big, want: big},
-		{name: "off", env: []string{"GOMEMLIMIT_RATIO=0"}, limit: big, want: -1, log: "GOMEMLIMIT_RATIO=0"},
-		{name: "GOMEMLIMIT set", env: []string{"GOMEMLIMIT=1GiB"}, limit: big, want: -1, log: "set by GOMEMLIMIT"},
+		{name: "off", env: []string{"GOMEMLIMIT_RATIO=0"}, limit: big, want: -1, log: []string{"GOMEMLIMIT_RATIO=0"}},
+		{name: "GOMEMLIMIT set", env: []string{"GOMEMLIMIT=100GiB"}, runtime: 100 << 30, limit: big, want: -1,
+			log: []string{`"gomemlimit":107374182400,"GOMEMLIMIT":"100GiB"`, "set by GOMEMLIMIT"}},
+		{name: "GOMEMLIMIT=off", env: []string{"GOMEMLIMIT=off"}, runtime: math.MaxInt64, limit: big, want: -1,
+			log: []string{`"GOMEMLIMIT":"off"`, "GOMEMLIMIT sets none"}},
 		{name: "no container limit", err: memlimit.ErrNoLimit, want: -1},
-		{name: "cgroup unreadable", err: fmt.Errorf("open /proc/self/mountinfo: permission denied"), want: -1, log: "container memory limit unknown"},
+		{name: "cgroup unreadable", err: fmt.Errorf("open /proc/self/mountinfo: permission denied"), want: -1, log: []string{"container memory limit unknown"}},
 		{name: "limit beyond int64", limit: math.MaxUint64, want: -1},
 		// 2 × 32 MiB + 16 MiB + 30 MiB = 110 MiB
 		{name: "defaults in 109 MiB", env: []string{"GOMEMLIMIT_RATIO=0"}, limit: 109 << 20, want: -1,
@@ -76,9 +82,17 @@ func TestApplyMemoryLimit(t *testing.T) {
 		{name: "defaults in 110 MiB", env: []string{"GOMEMLIMIT_RATIO=0"}, limit: 110 << 20, want: -1},
 		{name: "raised buffers in 256 MiB", env: []string{"GOMEMLIMIT_RATIO=0", "MAX_BUFFERED_BYTES=134217728", "REPLAY_CACHE_BYTES=0"}, limit: 256 << 20, want: -1,
 			warn: "MAX_BUFFERED_BYTES=134217728 and REPLAY_CACHE_BYTES=0 need about 286 MiB"},
+		// review61: twice these wrapped in int64 (no warning, or a negative size).
+		{name: "buffers out of the way", env: []string{"GOMEMLIMIT_RATIO=0", "MAX_BUFFERED_BYTES=9223372036854775807"}, limit: 256 << 20, want: -1,
+			warn: "MAX_BUFFERED_BYTES=9223372036854775807 and REPLAY_CACHE_BYTES=16777216 need about 17592186044462 MiB"},
+		{name: "buffers 2^62", env: []string{"GOMEMLIMIT_RATIO=0", "MAX_BUFFERED_BYTES=4611686018427387904"}, limit: 256 << 20, want: -1,
+			warn: "need about 8796093022254 MiB"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			inContainer(t, tt.limit, tt.err)
+			if tt.runtime != 0 {
+				debug.SetMemoryLimit(tt.runtime)
+			}
 			before := debug.SetMemoryLimit(-1)
 			cfg, err := loadConfig(append([]string{up}, tt.env...))
 			if err != nil {
@@ -99,11 +113,29 @@ func TestApplyMemoryLimit(t *testing.T) {
 			case !strings.Contains(w, tt.warn):
 				t.Errorf("warnings %q, want %q", w, tt.warn)
 			}
-			if !strings.Contains(logs.String(), tt.log) {
-				t.Errorf("log %q, want %q", logs.String(), tt.log)
+			out := logs.String()
+			for _, l := range tt.log {
+				if !strings.Contains(out, l) {
+					t.Errorf("log %q, want %q", out, l)
+				}
 			}
-			if tt.want == -1 && strings.Contains(logs.String(), `"gomemlimit":`) && !strings.Contains(logs.String(), "set by GOMEMLIMIT") {
-				t.Errorf("log %q says a limit was set; want none", logs.String())
+			// gomemlimit is the limit in force, always a number of bytes,
+			// and only where there is one.
+			for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+				var m map[string]any
+				if line == "" {
+					continue
+				}
+				if err := json.Unmarshal([]byte(line), &m); err != nil {
+					t.Fatalf("log line %q: %v", line, err)
+				}
+				v, ok := m["gomemlimit"]
+				if _, num := v.(float64); ok && (!num || int64(v.(float64)) != debug.SetMemoryLimit(-1)) {
+					t.Errorf("gomemlimit %v (%T), want the limit in force, %d, as a number", v, v, debug.SetMemoryLimit(-1))
+				}
+				if ok && debug.SetMemoryLimit(-1) == math.MaxInt64 {
+					t.Errorf("gomemlimit %v logged with no limit in force", v)
+				}
 			}
 		})
 	}

@@ -521,8 +521,10 @@ func TestRenderFails(t *testing.T) {
 		{"body bound", []string{"--set", "config.maxBodyBytes=67108865"}, "/config/maxBodyBytes"},
 		{"stored bound", []string{"--set", "config.maxStoredResponseBytes=67108865"}, "/config/maxStoredResponseBytes"},
 		{"buffered zero", []string{"--set", "config.maxBufferedBytes=0"}, "/config/maxBufferedBytes"},
+		// --set passes 0.09 as a string (the pattern), --set-json as a number (the range).
 		{"memory ratio below one half", []string{"--set", "config.goMemLimitRatio=0.09"}, "/config/goMemLimitRatio"},
-		{"memory ratio above one", []string{"--set", "config.goMemLimitRatio=90"}, "/config/goMemLimitRatio"},
+		{"memory ratio below one half, a number", []string{"--set-json", "config.goMemLimitRatio=0.09"}, "minimum: got 0.09, want 0.5"},
+		{"memory ratio above one", []string{"--set", "config.goMemLimitRatio=90"}, "maximum: got 90, want 1"},
 		{"memory ratio not a number", []string{"--set-string", "config.goMemLimitRatio=90%"}, "/config/goMemLimitRatio"},
 		{"buffered below one request", []string{"--set", "config.maxBodyBytes=33554432"}, "config.maxBufferedBytes (MAX_BUFFERED_BYTES=33554432) must hold one keyed request's body and answer, at least config.maxBodyBytes (MAX_BODY_BYTES=33554432) + config.maxStoredResponseBytes (MAX_STORED_RESPONSE_BYTES=1048576) + 16384 = 34619392"},
 		{"bad FINGERPRINT", []string{"--set", "config.fingerprint=loose"}, "/config/fingerprint"},
@@ -629,4 +631,29 @@ func ptrString(p *int64) string {
 		return "<nil>"
 	}
 	return fmt.Sprint(*p)
+}
+
+// TestGoMemLimitRatioValues: helm --set passes a ratio such as 0.8 as a
+// string; the chart takes it as it takes a number (review61: the schema
+// took numbers only, so only 0 and 1 got through --set).
+func TestGoMemLimitRatioValues(t *testing.T) {
+	for _, tc := range []struct{ args []string }{
+		{[]string{"--set", "config.goMemLimitRatio=0.8"}},
+		{[]string{"--set", "config.goMemLimitRatio=0.5"}},
+		{[]string{"--set", "config.goMemLimitRatio=0.95"}},
+		{[]string{"--set", "config.goMemLimitRatio=1"}},
+		{[]string{"--set", "config.goMemLimitRatio=0"}},
+		{[]string{"--set-json", "config.goMemLimitRatio=0.8"}},
+	} {
+		want := tc.args[1][len("config.goMemLimitRatio="):]
+		out, err := render(t, tc.args...)
+		if err != nil {
+			t.Errorf("%v (a valid ratio) refused: %v", tc.args, err)
+			continue
+		}
+		m := decodeAll(t, out)
+		if got := m.configMap(m.deployment.Name).Data["GOMEMLIMIT_RATIO"]; got != want {
+			t.Errorf("%v: GOMEMLIMIT_RATIO = %q, want %q", tc.args, got, want)
+		}
+	}
 }
