@@ -320,7 +320,7 @@ Render-time checks. Each fails with a message that names the value to change.
 {{- fail (printf "config.redisWaitTimeout (REDIS_WAIT_TIMEOUT=%s) + config.upstreamTimeout (UPSTREAM_TIMEOUT=%s) must be below config.lockTTL (LOCK_TTL=%s) with config.redisWaitReplicas: WAIT holds the claim's answer before the request is forwarded, and a lock that ends first lets a retry execute the key again (the proxy refuses to start with it)" $c.redisWaitTimeout $c.upstreamTimeout $c.lockTTL) }}
 {{- end }}
 {{- $one := add (int64 $c.maxBodyBytes) 16384 (int64 $c.maxStoredResponseBytes) }}
-{{- if lt (int64 $c.maxBufferedBytes) $one }}
+{{- if and (not (kindIs "invalid" $c.maxBufferedBytes)) (lt (int64 $c.maxBufferedBytes) $one) }}
 {{- fail (printf "config.maxBufferedBytes (MAX_BUFFERED_BYTES=%d) must hold one keyed request's body and answer, at least config.maxBodyBytes (MAX_BODY_BYTES=%d) + config.maxStoredResponseBytes (MAX_STORED_RESPONSE_BYTES=%d) + 16384 = %d (the proxy refuses to start with less)" (int64 $c.maxBufferedBytes) (int64 $c.maxBodyBytes) (int64 $c.maxStoredResponseBytes) $one) }}
 {{- end }}
 {{- $shutdown := include "idemproxy.durationSeconds" (dict "name" "config.shutdownTimeout (SHUTDOWN_TIMEOUT)" "value" $c.shutdownTimeout) | float64 }}

@@ -1,0 +1,62 @@
+package validate
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"testing"
+)
+
+// TestValuesLeftNull: config.goMemLimitRatio and config.maxBufferedBytes
+// left null -- empty in a values file, --set ...=null, or `helm upgrade
+// --reuse-values` from a chart version before they existed (Helm then
+// renders the new templates with the old chart's values, which lack the
+// keys) -- are left out of the ConfigMap, so that the proxy's defaults
+// apply, as for a configuration from before the variables. (review62: the
+// ratio rendered as "<nil>", which the proxy refuses at start: every new
+// pod of the rollout crash-looped; the buffer bound failed the render.)
+func TestValuesLeftNull(t *testing.T) {
+	emptyKeys := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(emptyKeys, []byte("config:\n  goMemLimitRatio:\n  maxBufferedBytes:\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	oldChart := filepath.Join(t.TempDir(), "idemproxy")
+	if err := os.CopyFS(oldChart, os.DirFS(chartDir)); err != nil {
+		t.Fatal(err)
+	}
+	vals, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := regexp.MustCompile(`(?m)^  (goMemLimitRatio|maxBufferedBytes): .*\n`).ReplaceAll(vals, nil)
+	if len(vals)-len(old) < len("  maxBufferedBytes: 1\n") {
+		t.Fatal("values.yaml: no goMemLimitRatio and maxBufferedBytes lines to drop")
+	}
+	if err := os.WriteFile(filepath.Join(oldChart, "values.yaml"), old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		chart string
+		args  []string
+	}{
+		{"--set null", chartDir, []string{"--set", "config.goMemLimitRatio=null", "--set", "config.maxBufferedBytes=null"}},
+		{"-f with the keys left empty", chartDir, []string{"-f", emptyKeys}},
+		{"upgrade --reuse-values from a chart without them", oldChart, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := exec.Command(helmBinary(t), append([]string{"template", releaseName, tc.chart, "--namespace", namespace}, tc.args...)...).CombinedOutput()
+			if err != nil {
+				t.Fatalf("helm template %v: %v\n%s", tc.args, err, out)
+			}
+			m := decodeAll(t, string(out))
+			data := m.configMap(m.deployment.Name).Data
+			for _, k := range []string{"GOMEMLIMIT_RATIO", "MAX_BUFFERED_BYTES"} {
+				if v, ok := data[k]; ok {
+					t.Errorf("%s=%q rendered; want it left out (the proxy's default)", k, v)
+				}
+			}
+		})
+	}
+}
