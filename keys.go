@@ -623,14 +623,18 @@ func (kc *keysCmd) purgeFlags() func(context.Context, []string) error {
 		} else {
 			purged, err = in.Purge(ctx, k)
 		}
-		if err != nil {
-			if purged {
-				_ = writeJSON(kc.stdout, map[string]any{"key_hash": k.String(), "purged": true})
-				// Not purge again: a request may have executed and
-				// recorded an answer since, which it would delete.
-				return fmt.Errorf("%w; idemproxy keys forget %s tells the replicas again and deletes nothing", kc.redisFailed(err), k)
-			}
-			return kc.redisFailed(err)
+		switch {
+		case err != nil && purged:
+			_ = writeJSON(kc.stdout, map[string]any{"key_hash": k.String(), "purged": true})
+			// Not purge again: a request may have executed and recorded an
+			// answer since, which it would delete.
+			return fmt.Errorf("%w; idemproxy keys forget %s tells the replicas again and deletes nothing", kc.redisFailed(err), k)
+		case errors.Is(err, claim.ErrNotAnnounced):
+			_ = writeJSON(kc.stdout, map[string]any{"key_hash": k.String(), "purged": false})
+			return fmt.Errorf("%w; if an earlier purge deleted it, idemproxy keys forget %s tells the replicas", kc.redisFailed(err), k)
+		case err != nil:
+			// The delete may have run and only its answer been lost.
+			return fmt.Errorf("%w; the delete may have run all the same: idemproxy keys get %s still shows the record if it did not (purge again then), and if it did, idemproxy keys forget %s tells the replicas, which were not told", kc.redisFailed(err), k, k)
 		}
 		if kc.cfg.RedisMode == "sentinel" {
 			kc.announceOnEveryNode(ctx, k)
@@ -652,8 +656,12 @@ func (kc *keysCmd) forgetFlags() func(context.Context, []string) error {
 			return err
 		}
 		defer closeRedis()
-		if err := in.Announce(ctx, k); err != nil {
+		heard, err := in.Announce(ctx, k)
+		if err != nil {
 			return kc.redisFailed(err)
+		}
+		if heard == 0 && kc.cfg.RedisMode != "cluster" { // (a Cluster node counts only its own subscribers)
+			fmt.Fprintf(kc.stderr, "idemproxy keys forget: no proxy is subscribed to %s on this Redis: check that KEY_PREFIX=%q and the Redis are the proxies'\n", claim.PurgeChannel(kc.cfg.KeyPrefix), kc.cfg.KeyPrefix)
 		}
 		if kc.cfg.RedisMode == "sentinel" {
 			kc.announceOnEveryNode(ctx, k)

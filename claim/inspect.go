@@ -240,11 +240,11 @@ func (in *Inspector) Purge(ctx context.Context, k Key) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("delete %s: %w", k, err)
 	}
-	if err := in.Announce(ctx, k); err != nil {
+	if _, err := in.Announce(ctx, k); err != nil {
 		if n > 0 {
 			return true, fmt.Errorf("deleted %s, but %w", k, err)
 		}
-		return false, err
+		return false, fmt.Errorf("nothing to delete for %s, and %w", k, err)
 	}
 	return n > 0, nil
 }
@@ -325,22 +325,40 @@ func (in *Inspector) PurgeIf(ctx context.Context, k Key, want State) (State, boo
 	case err != nil:
 		return found, false, fmt.Errorf("delete %s: %w", k, err)
 	}
-	if err := in.Announce(ctx, k); err != nil {
+	if _, err := in.Announce(ctx, k); err != nil {
 		return found, true, fmt.Errorf("deleted %s, but %w", k, err)
 	}
 	return found, true, nil
 }
 
+// ErrNotAnnounced: a purge was not announced to the replicas' replay caches
+// (the PUBLISH failed); errors.Is finds it in Announce's errors.
+var ErrNotAnnounced = errors.New("claim: purge not announced")
+
+type announceError struct {
+	k       Key
+	channel string
+	err     error
+}
+
+func (e *announceError) Error() string {
+	return fmt.Sprintf("could not announce the purge of %s to the replicas' replay caches (PUBLISH %s): %v", e.k, e.channel, e.err)
+}
+func (e *announceError) Unwrap() error        { return e.err }
+func (e *announceError) Is(target error) bool { return target == ErrNotAnnounced }
+
 // Announce publishes the purge of k on PurgeChannel, so that every replica
 // drops k from its replay cache; it deletes nothing. Purge and PurgeIf
 // announce what they delete; Announce alone is for telling the replicas
 // again when that announcement failed, without deleting a record that a
-// request may have written since.
-func (in *Inspector) Announce(ctx context.Context, k Key) error {
-	if err := in.rdb.Publish(ctx, PurgeChannel(in.prefix), k.String()).Err(); err != nil {
-		return fmt.Errorf("could not announce the purge of %s to the replicas' replay caches (PUBLISH %s): %w", k, PurgeChannel(in.prefix), err)
+// request may have written since. It returns how many subscribers the
+// node that took the PUBLISH counted (on a Cluster, only that node's).
+func (in *Inspector) Announce(ctx context.Context, k Key) (int64, error) {
+	n, err := in.rdb.Publish(ctx, PurgeChannel(in.prefix), k.String()).Result()
+	if err != nil {
+		return 0, &announceError{k: k, channel: PurgeChannel(in.prefix), err: err}
 	}
-	return nil
+	return n, nil
 }
 
 // errNotRecord: the key is neither a hash nor a string record; not one of ours.
