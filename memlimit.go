@@ -48,13 +48,14 @@ func applyMemoryLimit(cfg *Config, logger zerolog.Logger) {
 	}
 	// gomemlimit is always the limit in force, in bytes (a number: log
 	// stores fix a field's type by its first value); GOMEMLIMIT as given,
-	// a string, goes in a field of its own.
+	// a string, goes in gomemlimit_env (not "GOMEMLIMIT": readers that
+	// ignore case would see one field of two types).
 	ev := logger.Info().Uint64("container_memory_limit", limit)
 	switch {
 	case cfg.goMemLimit != "" && debug.SetMemoryLimit(-1) == math.MaxInt64:
-		ev.Str("GOMEMLIMIT", cfg.goMemLimit).Msg("no Go memory limit: GOMEMLIMIT sets none; GOMEMLIMIT_RATIO not applied")
+		ev.Str("gomemlimit_env", cfg.goMemLimit).Msg("no Go memory limit: GOMEMLIMIT sets none; GOMEMLIMIT_RATIO not applied")
 	case cfg.goMemLimit != "":
-		ev.Int64("gomemlimit", debug.SetMemoryLimit(-1)).Str("GOMEMLIMIT", cfg.goMemLimit).
+		ev.Int64("gomemlimit", debug.SetMemoryLimit(-1)).Str("gomemlimit_env", cfg.goMemLimit).
 			Msg("Go's memory limit set by GOMEMLIMIT; GOMEMLIMIT_RATIO not applied")
 	case cfg.GoMemLimitRatio == 0:
 		ev.Msg("GOMEMLIMIT_RATIO=0: Go's memory limit left as it is")
