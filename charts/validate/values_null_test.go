@@ -60,3 +60,56 @@ func TestValuesLeftNull(t *testing.T) {
 		})
 	}
 }
+
+// TestEveryConfigKeyMissing: helm upgrade --reuse-values from a chart
+// version that did not have a config key renders without it. For every key
+// of config, the render either fails (the schema requires it: the upgrade
+// stops with a message) or leaves its variable out, so that the proxy's
+// default applies: never an empty value or "<nil>" that would mean
+// something else (KEY_PREFIX="" is no prefix, and every key moves;
+// SCOPE_HEADERS="" is no scope; REPLAY_CACHE_BYTES="0" is no cache).
+func TestEveryConfigKeyMissing(t *testing.T) {
+	vals, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	configBlock := regexp.MustCompile(`(?ms)^config:\n(.*?)^\S`).FindSubmatch(vals)
+	if configBlock == nil {
+		t.Fatal("values.yaml: no config block")
+	}
+	keys := regexp.MustCompile(`(?m)^  ([A-Za-z0-9]+):`).FindAllSubmatch(configBlock[1], -1)
+	if len(keys) < 30 {
+		t.Fatalf("found %d config keys, want the 30 and more of values.yaml", len(keys))
+	}
+	out, err := render(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := decodeAll(t, out)
+	want := base.configMap(base.deployment.Name).Data
+	for _, k := range keys {
+		key := string(k[1])
+		t.Run(key, func(t *testing.T) {
+			// The key's line and whatever is nested under it.
+			drop := regexp.MustCompile(`(?m)^  ` + key + `:.*\n(    .*\n|  - .*\n)*`)
+			old := drop.ReplaceAll(vals, nil)
+			dir := filepath.Join(t.TempDir(), "idemproxy")
+			if err := os.CopyFS(dir, os.DirFS(chartDir)); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "values.yaml"), old, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out, err := exec.Command(helmBinary(t), "template", releaseName, dir, "--namespace", namespace).CombinedOutput()
+			if err != nil {
+				return // refused at render, with a message
+			}
+			m := decodeAll(t, string(out))
+			for name, v := range m.configMap(m.deployment.Name).Data {
+				if v != want[name] {
+					t.Errorf("config.%s missing: %s=%q rendered, want %q or left out", key, name, v, want[name])
+				}
+			}
+		})
+	}
+}

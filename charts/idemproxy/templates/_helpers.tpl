@@ -362,3 +362,26 @@ preStop sleep, or ceil(SHUTDOWN_TIMEOUT) + the preStop sleep + terminationGraceE
 {{- $grace }}
 {{- end }}
 {{- end }}
+
+{{/*
+idemproxy.env: one ConfigMap entry, indented for data:, as NAME: "value";
+nothing when the value is null. Lists are joined with commas, whole numbers
+written without an exponent (YAML numbers reach templates as float64).
+*/}}
+{{- define "idemproxy.env" -}}
+{{- $v := .value -}}
+{{- if not (kindIs "invalid" $v) -}}
+{{- if kindIs "slice" $v -}}
+{{- $v = join "," $v -}}
+{{- else if or (kindIs "float64" $v) (kindIs "int64" $v) (kindIs "int" $v) -}}
+{{- if eq (float64 $v) (floor (float64 $v)) -}}
+{{- $v = int64 $v | toString -}}
+{{- else -}}
+{{- $v = toString $v -}}
+{{- end -}}
+{{- else -}}
+{{- $v = toString $v -}}
+{{- end }}
+  {{ .name }}: {{ $v | quote }}
+{{- end -}}
+{{- end -}}
