@@ -5,6 +5,7 @@ package main
 // Helpers for more than one package are in internal/testutil.
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/internal/testutil"
 )
 
@@ -103,6 +105,35 @@ func mustPost(t *testing.T, c *http.Client, url, key, body string) response {
 		t.Fatalf("POST %s (key %s): %v", url, key, r.err)
 	}
 	return r
+}
+
+// cachedAnswer posts key and retries it twice, each retry a replay of the
+// first answer: the first from Redis, which fills the proxy's replay
+// cache, the second from that cache. It returns the first answer.
+func cachedAnswer(t *testing.T, c *http.Client, url, key string) response {
+	t.Helper()
+	first := mustPost(t, c, url, key, `{}`)
+	if first.status != http.StatusCreated {
+		t.Fatalf("first POST: %d %q", first.status, first.body)
+	}
+	for range 2 {
+		if r := mustPost(t, c, url, key, `{}`); r.body != first.body || r.header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("retry: %d %q, want a replay of %q", r.status, r.body, first.body)
+		}
+	}
+	return first
+}
+
+// noPublishUser makes a user of srv that may use the proxy's keys but no
+// Pub/Sub channel (Redis 7's default for a new user: a purge's
+// announcement is refused), and returns the environment of a keys command
+// run as that user.
+func noPublishUser(t *testing.T, srv *redistest.Server) []string {
+	t.Helper()
+	if err := srv.Client().Do(context.Background(), "ACL", "SETUSER", "nopub", "on", ">op-secret", "~idem:*", "+@all", "resetchannels").Err(); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"REDIS_URL=redis://nopub:op-secret@" + srv.Addr() + "/0"}
 }
 
 func get(c *http.Client, url string) (int, string, error) {

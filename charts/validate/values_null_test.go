@@ -21,21 +21,12 @@ func TestValuesLeftNull(t *testing.T) {
 	if err := os.WriteFile(emptyKeys, []byte("config:\n  goMemLimitRatio:\n  maxBufferedBytes:\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	oldChart := filepath.Join(t.TempDir(), "idemproxy")
-	if err := os.CopyFS(oldChart, os.DirFS(chartDir)); err != nil {
-		t.Fatal(err)
-	}
-	vals, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	vals := chartValues(t)
 	old := regexp.MustCompile(`(?m)^  (goMemLimitRatio|maxBufferedBytes): .*\n`).ReplaceAll(vals, nil)
 	if len(vals)-len(old) < len("  maxBufferedBytes: 1\n") {
 		t.Fatal("values.yaml: no goMemLimitRatio and maxBufferedBytes lines to drop")
 	}
-	if err := os.WriteFile(filepath.Join(oldChart, "values.yaml"), old, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	oldChart := chartWithValues(t, old)
 	for _, tc := range []struct {
 		name  string
 		chart string
@@ -69,10 +60,7 @@ func TestValuesLeftNull(t *testing.T) {
 // something else (KEY_PREFIX="" is no prefix, and every key moves;
 // SCOPE_HEADERS="" is no scope; REPLAY_CACHE_BYTES="0" is no cache).
 func TestEveryConfigKeyMissing(t *testing.T) {
-	vals, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	vals := chartValues(t)
 	configBlock := regexp.MustCompile(`(?ms)^config:\n(.*?)^\S`).FindSubmatch(vals)
 	if configBlock == nil {
 		t.Fatal("values.yaml: no config block")
@@ -92,14 +80,7 @@ func TestEveryConfigKeyMissing(t *testing.T) {
 		t.Run(key, func(t *testing.T) {
 			// The key's line and whatever is nested under it.
 			drop := regexp.MustCompile(`(?m)^  ` + key + `:.*\n(    .*\n|  - .*\n)*`)
-			old := drop.ReplaceAll(vals, nil)
-			dir := filepath.Join(t.TempDir(), "idemproxy")
-			if err := os.CopyFS(dir, os.DirFS(chartDir)); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(dir, "values.yaml"), old, 0o600); err != nil {
-				t.Fatal(err)
-			}
+			dir := chartWithValues(t, drop.ReplaceAll(vals, nil))
 			out, err := exec.Command(helmBinary(t), "template", releaseName, dir, "--namespace", namespace).CombinedOutput()
 			if err != nil {
 				return // refused at render, with a message
@@ -112,4 +93,28 @@ func TestEveryConfigKeyMissing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// chartValues is the chart's values.yaml.
+func chartValues(t *testing.T) []byte {
+	t.Helper()
+	vals, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return vals
+}
+
+// chartWithValues copies the chart with vals as its values.yaml, as an
+// older version of it whose values lack keys added since.
+func chartWithValues(t *testing.T, vals []byte) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "idemproxy")
+	if err := os.CopyFS(dir, os.DirFS(chartDir)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "values.yaml"), vals, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
