@@ -18,6 +18,34 @@ import (
 
 func recordKey(prefix string, k claim.Key) string { return prefix + "{" + k.String() + "}" }
 
+// watchConfirmed runs s.WatchPurges until ctx ends and returns once the watch
+// has verified its subscription (its own probe came back), which it reports
+// as nil: only then does the cache serve. (Redis counting the subscriber
+// comes earlier; waiting for that alone left the first replays uncached now
+// and then.) The channel gets WatchPurges' error.
+func watchConfirmed(t *testing.T, ctx context.Context, s *claim.Store, rdb redis.UniversalClient) <-chan error {
+	t.Helper()
+	confirmed := make(chan error, 4)
+	done := make(chan error, 1)
+	go func() {
+		done <- s.WatchPurges(ctx, rdb, func(err error) {
+			select {
+			case confirmed <- err:
+			default:
+			}
+		})
+	}()
+	select {
+	case err := <-confirmed:
+		if err != nil {
+			t.Fatalf("WatchPurges reported %v, want the confirmation (nil)", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no confirmation from WatchPurges within 10s")
+	}
+	return done
+}
+
 func TestParseKeyHash(t *testing.T) {
 	k := claim.NewKey([]string{"s"}, "k")
 	for _, s := range []string{k.String(), fmt.Sprintf("%X", k[:])} {
@@ -191,21 +219,7 @@ func TestWatchPurges(t *testing.T) {
 			}
 		}, claim.ReplayCache(1<<20, time.Hour))
 	}
-	done := make(chan error, 1)
-	// The cache serves once the watch has verified its subscription (its
-	// own probe came back), which it reports as nil; Redis counting the
-	// subscriber comes earlier, and waiting for that alone left the first
-	// replays uncached now and then.
-	confirmed := make(chan error, 4)
-	go func() { done <- stores[0].WatchPurges(ctx, rdb, func(err error) { confirmed <- err }) }() // stores[1] does not watch
-	select {
-	case err := <-confirmed:
-		if err != nil {
-			t.Fatalf("WatchPurges reported %v, want the confirmation (nil)", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no confirmation from WatchPurges within 10s")
-	}
+	done := watchConfirmed(t, ctx, stores[0], rdb) // stores[1] does not watch
 
 	k := claim.NewKey(nil, "cached")
 	lease, _, err := stores[0].Acquire(ctx, k, fp("f"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
@@ -302,17 +316,7 @@ func TestCacheAfterSubscribedWaitsForTheWatch(t *testing.T) {
 	if n := hits.Load(); n != 0 {
 		t.Errorf("before WatchPurges: %d cache hits, want 0", n)
 	}
-	confirmed := make(chan error, 4)
-	done := make(chan error, 1)
-	go func() { done <- s.WatchPurges(ctx, rdb, func(err error) { confirmed <- err }) }()
-	select {
-	case err := <-confirmed:
-		if err != nil {
-			t.Fatalf("WatchPurges reported %v, want the confirmation (nil)", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no confirmation from WatchPurges within 10s")
-	}
+	done := watchConfirmed(t, ctx, s, rdb)
 	for range 3 {
 		replay()
 	}

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // TestBufferBudgetDroppedCopyFreed: an answer that streams past
@@ -24,17 +22,9 @@ func TestBufferBudgetDroppedCopyFreed(t *testing.T) {
 		max     = 1 << 20
 		budget  = 4 << 20
 	)
-	e := newEnv(t, miniBackend, func(o *proxy.Options) {
-		o.MaxBufferedBytes = budget
-		o.MaxStoredBytes = max
-		o.UpstreamTimeout = 15 * time.Second
-		o.Default.LockTTL = 30 * time.Second
-	})
+	e := budgetEnv(t, miniBackend, budget, max, 15*time.Second)
 	piece := bytes.Repeat([]byte("s"), 32<<10)
-	release := make(chan struct{})
-	var releaseOnce sync.Once
-	open := func() { releaseOnce.Do(func() { close(release) }) }
-	defer open()
+	release := newGate() // (opened before the streams are waited for, below)
 	past := make(chan struct{}, streams)
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -45,7 +35,7 @@ func TestBufferBudgetDroppedCopyFreed(t *testing.T) {
 			w.(http.Flusher).Flush()
 		}
 		select { // the stream stays open
-		case <-release:
+		case <-release.release:
 		case <-time.After(12 * time.Second):
 		}
 	})
@@ -54,7 +44,7 @@ func TestBufferBudgetDroppedCopyFreed(t *testing.T) {
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	defer open()
+	defer release.open()
 	for i := range streams {
 		wg.Add(1)
 		go func() {
@@ -94,5 +84,5 @@ func TestBufferBudgetDroppedCopyFreed(t *testing.T) {
 	}
 
 	heapWithinCount(t, e, before, "streams past MAX_STORED_RESPONSE_BYTES, copies dropped", "dropped answer copies keep their memory, uncounted")
-	open()
+	release.open()
 }

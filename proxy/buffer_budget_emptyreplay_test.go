@@ -23,14 +23,8 @@ func TestBufferBudgetEmptyReplayAlwaysFits(t *testing.T) {
 	}, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
-		rest := make(chan struct{})
-		defer func() {
-			select {
-			case <-rest:
-			default:
-				close(rest)
-			}
-		}()
+		rest := newGate() // ends the stream
+		defer rest.open()
 		gatedEmpty := g.handler(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
 		e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 			switch r.URL.Path {
@@ -41,7 +35,7 @@ func TestBufferBudgetEmptyReplayAlwaysFits(t *testing.T) {
 				_, _ = w.Write([]byte(strings.Repeat("s", 36<<10)))
 				w.(http.Flusher).Flush()
 				select {
-				case <-rest:
+				case <-rest.release:
 				case <-time.After(8 * time.Second):
 				}
 				_, _ = w.Write([]byte("end"))
@@ -73,7 +67,7 @@ func TestBufferBudgetEmptyReplayAlwaysFits(t *testing.T) {
 			t.Fatalf("first: %d", r.StatusCode)
 		}
 		w := <-waiter
-		close(rest)
+		rest.open()
 		<-stream
 		if w.StatusCode != http.StatusCreated || w.Header.Get("Idempotent-Replayed") != "true" {
 			t.Errorf("waiter for an empty answer: status %d %s; want the 201 replayed (it holds no bytes)", w.StatusCode, w.body)

@@ -10,8 +10,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // TestBufferBudgetPooledCopiesBounded: a keyed request in flight whose
@@ -30,12 +28,7 @@ func TestBufferBudgetPooledCopiesBounded(t *testing.T) {
 	)
 	// redis-server, not miniredis: the twelve 1 MiB records must not sit in
 	// this process's heap.
-	e := newEnv(t, realBackend, func(o *proxy.Options) {
-		o.MaxBufferedBytes = budget
-		o.MaxStoredBytes = max
-		o.UpstreamTimeout = 15 * time.Second
-		o.Default.LockTTL = 30 * time.Second
-	})
+	e := budgetEnv(t, realBackend, budget, max, 15*time.Second)
 	big := bytes.Repeat([]byte("b"), max)
 	g := newGate()
 	defer g.open()
@@ -82,14 +75,8 @@ func TestBufferBudgetSmallAnswerCountsSmall(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // one P: the pool hands back what was just put
 	e := newEnv(t, miniBackend, budgetOptions)
 	large := bytes.Repeat([]byte("l"), 40<<10)
-	rest := make(chan struct{})
-	defer func() {
-		select {
-		case <-rest:
-		default:
-			close(rest)
-		}
-	}()
+	rest := newGate() // ends the small answer
+	defer rest.open()
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		if r.URL.Path == "/large" {
@@ -99,7 +86,7 @@ func TestBufferBudgetSmallAnswerCountsSmall(t *testing.T) {
 		_, _ = io.WriteString(w, "small")
 		w.(http.Flusher).Flush()
 		select { // the answer is being recorded while the test looks
-		case <-rest:
+		case <-rest.release:
 		case <-time.After(5 * time.Second):
 		}
 	})
@@ -119,6 +106,6 @@ func TestBufferBudgetSmallAnswerCountsSmall(t *testing.T) {
 	if got := bufferedBytes(t, e); got > 16<<10 {
 		t.Errorf("a 5-byte answer being recorded counts %v bytes, want at most 16 KiB (a buffer a 40 KiB answer grew was handed on)", got)
 	}
-	close(rest)
+	rest.open()
 	<-done
 }

@@ -8,8 +8,6 @@ import (
 	"net/http"
 	"testing"
 	"time"
-
-	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // TestBufferBudgetReplaysCounted: a replay holds its record while the client
@@ -26,12 +24,7 @@ func TestBufferBudgetReplaysCounted(t *testing.T) {
 		max    = 6 << 20 // above what the kernel's send buffer (4 MiB at most) takes off the heap
 		budget = 8 << 20
 	)
-	e := newEnv(t, realBackend, func(o *proxy.Options) {
-		o.MaxBufferedBytes = budget
-		o.MaxStoredBytes = max
-		o.UpstreamTimeout = 10 * time.Second
-		o.Default.LockTTL = 20 * time.Second
-	})
+	e := budgetEnv(t, realBackend, budget, max, 10*time.Second)
 	big := bytes.Repeat([]byte("r"), max)
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)

@@ -16,11 +16,20 @@ import (
 
 // budgetOptions: MAX_BUFFERED_BYTES of 64 KiB, records of up to 48 KiB,
 // and an upstream call that may be held at a gate for seconds.
-func budgetOptions(o *proxy.Options) {
-	o.MaxBufferedBytes = 64 << 10
-	o.MaxStoredBytes = 48 << 10
-	o.UpstreamTimeout = 10 * time.Second
-	o.Default.LockTTL = 20 * time.Second
+func budgetOptions(o *proxy.Options) { budgetSizes(o, 64<<10, 48<<10, 10*time.Second) }
+
+// budgetSizes sets MAX_BUFFERED_BYTES and MAX_STORED_RESPONSE_BYTES, and
+// gives the upstream long enough to be held (the lock twice that).
+func budgetSizes(o *proxy.Options, budget, stored int64, upstream time.Duration) {
+	o.MaxBufferedBytes = budget
+	o.MaxStoredBytes = stored
+	o.UpstreamTimeout = upstream
+	o.Default.LockTTL = 2 * upstream
+}
+
+// budgetEnv is an env on backend with budgetSizes.
+func budgetEnv(t *testing.T, backend string, budget, stored int64, upstream time.Duration) *env {
+	return newEnv(t, backend, func(o *proxy.Options) { budgetSizes(o, budget, stored, upstream) })
 }
 
 // holdOne sends a keyed request with a body of n bytes to /held, which the
