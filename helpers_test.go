@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -107,21 +108,62 @@ func mustPost(t *testing.T, c *http.Client, url, key, body string) response {
 	return r
 }
 
-// cachedAnswer posts key and retries it twice, each retry a replay of the
-// first answer: the first from Redis, which fills the proxy's replay
-// cache, the second from that cache. It returns the first answer.
-func cachedAnswer(t *testing.T, c *http.Client, url, key string) response {
+// cachedAnswer posts key to a's /v1/orders and retries it twice, each
+// retry a replay of the first answer: the first from Redis, which fills the
+// proxy's replay cache, the second from that cache (which it checks). It
+// returns the first answer. a needs its admin listener.
+func cachedAnswer(t *testing.T, c *http.Client, a *app, key string) response {
 	t.Helper()
+	waitReplayCacheOn(t, c, a)
+	url := "http://" + a.proxyAddr.String() + "/v1/orders"
 	first := mustPost(t, c, url, key, `{}`)
 	if first.status != http.StatusCreated {
 		t.Fatalf("first POST: %d %q", first.status, first.body)
 	}
-	for range 2 {
+	var hits float64
+	for i := range 2 {
+		if i == 1 {
+			hits = metric(t, c, a, "idemproxy_replay_cache_hits_total")
+		}
 		if r := mustPost(t, c, url, key, `{}`); r.body != first.body || r.header.Get("Idempotent-Replayed") != "true" {
 			t.Fatalf("retry: %d %q, want a replay of %q", r.status, r.body, first.body)
 		}
 	}
+	if n := metric(t, c, a, "idemproxy_replay_cache_hits_total") - hits; n != 1 {
+		t.Fatalf("the second retry made %v replay cache hits, want 1 (answered from the cache)", n)
+	}
 	return first
+}
+
+// waitReplayCacheOn waits until a's replay cache answers: a second or so
+// after the start, once its purge subscription is verified. Before that
+// every replay is read from Redis, and a test of what the cache does
+// would show nothing. a needs its admin listener.
+func waitReplayCacheOn(t *testing.T, c *http.Client, a *app) {
+	t.Helper()
+	testutil.Eventually(t, 10*time.Second, "idemproxy_replay_cache_on 1", func() bool {
+		return metric(t, c, a, "idemproxy_replay_cache_on") == 1
+	})
+}
+
+// metric reads the value of an unlabelled series from a's /metrics.
+func metric(t *testing.T, c *http.Client, a *app, name string) float64 {
+	t.Helper()
+	if a.adminAddr == nil {
+		t.Fatal("metric: the proxy has no admin listener (ADMIN_ADDR)")
+	}
+	body := getBody(t, c, "http://"+a.adminAddr.String()+"/metrics")
+	for line := range strings.SplitSeq(body, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("metric %s: %q: %v", name, line, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("metric %s: not in /metrics", name)
+	return 0
 }
 
 // noPublishUser makes a user of srv that may use the proxy's keys but no

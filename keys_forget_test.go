@@ -30,7 +30,7 @@ func TestKeysForgetAfterUnannouncedPurge(t *testing.T) {
 	urlA := "http://" + a.proxyAddr.String() + "/v1/orders"
 	urlB := "http://" + b.proxyAddr.String() + "/v1/orders"
 	const key = "forget"
-	first := cachedAnswer(t, c, urlA, key)
+	first := cachedAnswer(t, c, a, key)
 	operator := []string{"REDIS_URL=" + srv.URL()}
 	hash := strings.TrimSpace(keysOK(t, operator, "hash", key))
 	k, err := claim.ParseKeyHash(hash)

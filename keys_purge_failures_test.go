@@ -43,7 +43,7 @@ func TestKeysPurgeLostReply(t *testing.T) {
 	c := newClient(t)
 	url := "http://" + a.proxyAddr.String() + "/v1/orders"
 	const key = "lostreply"
-	first := cachedAnswer(t, c, url, key)
+	first := cachedAnswer(t, c, a, key)
 	hash := strings.TrimSpace(keysOK(t, []string{"REDIS_URL=" + srv.URL()}, "hash", key))
 	k, err := claim.ParseKeyHash(hash)
 	if err != nil {

@@ -164,6 +164,15 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 	}
 	cs := claim.NewStore(scripter, cfg.KeyPrefix, metrics.ObserveScript, storeOpts...)
 	st.close = watchPurges(cs, st.client, st.close, logger) // idemproxy keys purge reaches this replica's replay cache
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "idemproxy_replay_cache_on",
+		Help: "1 while this replica answers replays from its memory; 0 with REPLAY_CACHE_BYTES=0 and while its purge subscription is not verified (every replay read from Redis).",
+	}, func() float64 {
+		if cs.ReplayCacheOn() {
+			return 1
+		}
+		return 0
+	}))
 	h, err := proxy.New(cs, proxy.Options{
 		Upstream:           cfg.upstream,
 		KeyHeader:          cfg.IdempotencyHeader,

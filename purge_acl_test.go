@@ -85,6 +85,9 @@ func TestReplayCacheOffWhileThePurgeSubscriptionIsRefused(t *testing.T) {
 	testutil.Eventually(t, 10*time.Second, "the refused subscription is logged", func() bool {
 		return strings.Contains(logs.String(), "purge subscription failed") && strings.Contains(logs.String(), "NOPERM")
 	})
+	if v := metric(t, c, a, "idemproxy_replay_cache_on"); v != 0 {
+		t.Errorf("idemproxy_replay_cache_on with the channel refused: %v, want 0", v)
+	}
 	if r := mustPost(t, c, url, "acl-on", `{}`); r.status != http.StatusCreated {
 		t.Fatalf("first POST: %d", r.status)
 	}
@@ -118,6 +121,9 @@ func TestReplayCacheOffWhileThePurgeSubscriptionIsRefused(t *testing.T) {
 	testutil.Eventually(t, 20*time.Second, "the replica logs that its cache is on again", func() bool {
 		return strings.Contains(logs.String(), "purge subscription confirmed")
 	})
+	if v := metric(t, c, a, "idemproxy_replay_cache_on"); v != 1 {
+		t.Errorf("idemproxy_replay_cache_on once the subscription is confirmed: %v, want 1", v)
+	}
 	before = scripts()
 	for range 3 {
 		if r := mustPost(t, c, url, "acl-on", `{}`); r.header.Get("Idempotent-Replayed") != "true" {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -36,20 +35,7 @@ func TestPurgeNotMissedAfterResubscribeRefused(t *testing.T) {
 	a, logs := startEnv(t, "UPSTREAM_URL="+up.URL, "REDIS_URL=redis://idemproxy:proxy-secret@"+srv.Addr()+"/0", "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0")
 	c := newClient(t)
 	url := "http://" + a.proxyAddr.String() + "/v1/orders"
-	testutil.Eventually(t, 10*time.Second, "the replica subscribes to idem:purge", func() bool {
-		n, _ := admin.PubSubNumSub(ctx, "idem:purge").Result()
-		return n["idem:purge"] == 1
-	})
-
-	first := mustPost(t, c, url, "resub", `{}`)
-	if first.status != http.StatusCreated {
-		t.Fatalf("first POST: %d %q", first.status, first.body)
-	}
-	for range 2 { // from Redis (fills the cache), then from the cache
-		if r := mustPost(t, c, url, "resub", `{}`); r.body != first.body || r.header.Get("Idempotent-Replayed") != "true" {
-			t.Fatalf("retry: %d %q, want a replay", r.status, r.body)
-		}
-	}
+	first := cachedAnswer(t, c, a, "resub")
 
 	if err := admin.Do(ctx, "ACL", "SETUSER", "idemproxy", "resetchannels").Err(); err != nil {
 		t.Fatal(err)

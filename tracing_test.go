@@ -234,7 +234,7 @@ func TestTracingSpans(t *testing.T) {
 func testTracingSpans(t *testing.T, sink *otlpSink, otelEnv []string) {
 	mr := miniredis.RunT(t)
 	up, traceparents := tracedUpstream(t)
-	env := append([]string{"UPSTREAM_URL=" + up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=", "REDIS_URL=redis://" + mr.Addr(),
+	env := append([]string{"UPSTREAM_URL=" + up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0", "REDIS_URL=redis://" + mr.Addr(),
 		"ROUTES=POST /v1/orders ttl=1h"}, otelEnv...)
 	a, _ := startEnv(t, env...)
 	if a.tracing == nil {
@@ -242,6 +242,7 @@ func testTracingSpans(t *testing.T, sink *otlpSink, otelEnv []string) {
 	}
 	c := newClient(t)
 	base := "http://" + a.proxyAddr.String()
+	waitReplayCacheOn(t, c, a) // else the second replay too is read from Redis
 
 	// 1. Executed, continuing the client's trace.
 	req, _ := http.NewRequest(http.MethodPost, base+"/v1/orders", strings.NewReader(`{"amount":42}`))

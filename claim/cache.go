@@ -148,6 +148,12 @@ func (c *replayCache) setOff(off bool) {
 	c.off = off
 }
 
+func (c *replayCache) isOff() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.off
+}
+
 func (c *replayCache) clearLocked() {
 	c.gen++
 	for k, e := range c.m {

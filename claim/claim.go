@@ -238,6 +238,13 @@ func NewStore(rdb redis.Scripter, prefix string, obs Observer, opts ...Option) *
 	return s
 }
 
+// ReplayCacheOn reports whether the replay cache answers replays now: it is
+// configured and, with CacheAfterSubscribed, its purge subscription is
+// verified. While it is off, every replay is read from Redis.
+func (s *Store) ReplayCacheOn() bool {
+	return s.cache != nil && !s.cache.isOff()
+}
+
 // Key identifies one (scope, idempotency key) pair. Only its hash is ever
 // written to Redis or logs.
 type Key [sha256.Size]byte

@@ -22,7 +22,7 @@ var knownMetrics = []string{
 	"idemproxy_redis_script_duration_seconds_bucket", "idemproxy_redis_script_duration_seconds_count", "idemproxy_redis_script_duration_seconds_sum",
 	"idemproxy_inflight_requests", "idemproxy_record_failures_total", "idemproxy_double_executions_total",
 	"idemproxy_takeover_claim_age_seconds_bucket", "idemproxy_takeover_claim_age_seconds_count", "idemproxy_takeover_claim_age_seconds_sum",
-	"idemproxy_replay_cache_hits_total", "idemproxy_store_unsafe", "idemproxy_build_info",
+	"idemproxy_replay_cache_hits_total", "idemproxy_replay_cache_on", "idemproxy_store_unsafe", "idemproxy_build_info",
 	"idemproxy_ready", "idemproxy_unknown_outcomes_total", "idemproxy_buffered_bytes", "idemproxy_buffer_full_total",
 	"up", "process_start_time_seconds",
 }
