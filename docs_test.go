@@ -1,12 +1,16 @@
 package main
 
 import (
+	"maps"
+	"net/http"
 	"os"
 	"reflect"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/alicebob/miniredis/v2"
 )
 
 // TestVariablesDocumented: every variable Config reads is documented in the
@@ -56,6 +60,45 @@ func TestVariablesDocumented(t *testing.T) {
 	for _, m := range exampleVars {
 		if !slices.Contains(vars, m[1]) {
 			t.Errorf("config.example.env lists %s, which the proxy does not read", m[1])
+		}
+	}
+}
+
+// TestMetricsDocumented: every idemproxy_* metric family the proxy exports
+// has a row in the README's metrics table, and every row names one it
+// exports.
+func TestMetricsDocumented(t *testing.T) {
+	up := newUpstream(t)
+	mr := miniredis.RunT(t)
+	a, _ := startEnv(t, "UPSTREAM_URL="+up.URL, "REDIS_URL=redis://"+mr.Addr(), "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0")
+	c := newClient(t)
+	// Families with labels are exported from their first series on.
+	if r := mustPost(t, c, "http://"+a.proxyAddr.String()+"/v1/orders", "documented", `{}`); r.status != http.StatusCreated {
+		t.Fatalf("POST: %d %q", r.status, r.body)
+	}
+	exported := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^# HELP (idemproxy_\w+) `).FindAllStringSubmatch(getBody(t, c, "http://"+a.adminAddr.String()+"/metrics"), -1) {
+		exported[m[1]] = true
+	}
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	for _, m := range regexp.MustCompile("(?m)^\\| `(idemproxy_\\w+)` \\|").FindAllStringSubmatch(string(b), -1) {
+		documented[m[1]] = true
+	}
+	if len(exported) < 10 {
+		t.Fatalf("exported families: %v, want the proxy's metrics", slices.Sorted(maps.Keys(exported)))
+	}
+	for name := range exported {
+		if !documented[name] {
+			t.Errorf("README's metrics table has no row for %s", name)
+		}
+	}
+	for name := range documented {
+		if !exported[name] {
+			t.Errorf("README's metrics table documents %s, which the proxy does not export", name)
 		}
 	}
 }
