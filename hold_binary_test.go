@@ -38,6 +38,7 @@ func TestHoldAfterSIGKILL(t *testing.T) {
 
 	first, url := start()
 	c := newClient(t)
+	sent := time.Now() // no later than the claim, whose lock runs from then
 	go func() { _ = post(c, url, "kill-1", `{"amount":5}`) }()
 	select {
 	case <-up.received:
@@ -46,10 +47,9 @@ func TestHoldAfterSIGKILL(t *testing.T) {
 	}
 	_ = first.cmd.Process.Kill() // SIGKILL, our own child, by its pid
 	first.wait(t, 5*time.Second)
-	killed := time.Now()
 
 	_, url = start()
-	if r := mustPost(t, c, url, "kill-1", `{"amount":5}`); r.status != http.StatusConflict && time.Since(killed) < lockTTL {
+	if r := mustPost(t, c, url, "kill-1", `{"amount":5}`); r.status != http.StatusConflict && time.Since(sent) < lockTTL {
 		t.Errorf("within the lock: %d, want 409", r.status)
 	}
 	var last response

@@ -343,9 +343,10 @@ func TestKeysPurgeThenRetry(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newUpstream(t)
 	env := []string{"REDIS_URL=" + srv.URL()}
-	a, _ := startEnv(t, append(env, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=")...)
+	a, _ := startEnv(t, append(env, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0")...)
 	url := "http://" + a.proxyAddr.String() + "/v1/orders"
 	c := newClient(t)
+	waitReplayCacheOn(t, c, a) // else the replay is not cached, and the purge's announcement is not tested
 	first := mustPost(t, c, url, "retry-me", `{"a":1}`)
 	replay := mustPost(t, c, url, "retry-me", `{"a":1}`)
 	if first.status != http.StatusCreated || replay.header.Get("Idempotent-Replayed") != "true" || replay.body != first.body {

@@ -21,15 +21,24 @@ func TestReview12bPurgeAfterSentinelFailover(t *testing.T) {
 	up := newFleetUpstream(t)
 	env := []string{"REDIS_MODE=sentinel", "REDIS_ADDRS=" + strings.Join(s.Addrs(), ","), "REDIS_MASTER_NAME=" + s.MasterName()}
 	p := startFleetProxy(t, up.URL, env...)
+	c := newClient(t)
+	waitReplayCacheOn(t, c, p.app) // else both replays come from Redis, and the purge is obeyed whatever happens to it
 	k := fleetKeys("failover-purge", 1)[0]
 	if a := p.send(k); !fleetExecuted(a) {
 		t.Fatalf("first send: %d %v", a.status, a.err)
 	}
 	redistest.WaitReplicated(t, s.Master(), s.Replica(), 5*time.Second)
-	for range 2 { // a replay from Redis, then one from the replay cache
+	var hits float64
+	for i := range 2 { // a replay from Redis, then one from the replay cache
+		if i == 1 {
+			hits = metric(t, c, p.app, "idemproxy_replay_cache_hits_total")
+		}
 		if a := p.send(k); !a.replayed {
 			t.Fatalf("before the failover: status %d replayed=%v", a.status, a.replayed)
 		}
+	}
+	if n := metric(t, c, p.app, "idemproxy_replay_cache_hits_total") - hits; n != 1 {
+		t.Fatalf("the second replay made %v replay cache hits, want 1: the cache does not hold the record, and this test would show nothing", n)
 	}
 	s.Failover(20 * time.Second)
 	if out := keysOK(t, env, "purge", fleetKeyHash(k)); !strings.Contains(out, `"purged":true`) {

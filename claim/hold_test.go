@@ -42,25 +42,28 @@ func TestHoldLockExpired(t *testing.T) {
 				}
 			})
 			key := claim.NewKey(nil, "held")
-			orig, _, err := s.Acquire(ctx, key, fp("A"), holdTerms)
+			// A lock long enough that a stalled test goroutine still finds it running.
+			terms := holdTerms
+			terms.LockTTL = time.Second
+			orig, _, err := s.Acquire(ctx, key, fp("A"), terms)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, _, err := s.Acquire(ctx, key, fp("A"), holdTerms); !errors.Is(err, claim.ErrInFlight) {
+			if _, _, err := s.Acquire(ctx, key, fp("A"), terms); !errors.Is(err, claim.ErrInFlight) {
 				t.Fatalf("before the lock expires: %v, want ErrInFlight", err)
 			}
-			be.advance(t, 250*time.Millisecond)
-			if status, entered := unknownStatus(t)(s.Acquire(ctx, key, fp("A"), holdTerms)); status != 504 || !entered {
+			be.advance(t, terms.LockTTL+250*time.Millisecond)
+			if status, entered := unknownStatus(t)(s.Acquire(ctx, key, fp("A"), terms)); status != 504 || !entered {
 				t.Errorf("first request after the lock expired: status %d entered %v, want 504 true", status, entered)
 			}
-			be.advance(t, 250*time.Millisecond) // past the lock TTL again: still no execution
-			if status, entered := unknownStatus(t)(s.Acquire(ctx, key, fp("A"), holdTerms)); status != 504 || entered {
+			be.advance(t, terms.LockTTL+250*time.Millisecond) // past the lock TTL again: still no execution
+			if status, entered := unknownStatus(t)(s.Acquire(ctx, key, fp("A"), terms)); status != 504 || entered {
 				t.Errorf("later request: status %d entered %v, want 504 false", status, entered)
 			}
 			// A route without hold does not take an unknown key over either.
 			expire := claim.Terms{LockTTL: 100 * time.Millisecond, TTL: time.Hour}
 			unknownStatus(t)(s.Acquire(ctx, key, fp("A"), expire))
-			if _, _, err := s.Acquire(ctx, key, fp("B"), holdTerms); !errors.Is(err, claim.ErrMismatch) {
+			if _, _, err := s.Acquire(ctx, key, fp("B"), terms); !errors.Is(err, claim.ErrMismatch) {
 				t.Errorf("other fingerprint: %v, want ErrMismatch", err)
 			}
 			if err := orig.Complete(ctx, &claim.Record{Status: 201, Body: []byte("real")}, time.Hour); err != nil {
@@ -69,7 +72,7 @@ func TestHoldLockExpired(t *testing.T) {
 			if !orig.Recreated || len(results) != 1 || results[0] != "late" {
 				t.Errorf("Recreated %v, observed %v; want true, [late]", orig.Recreated, results)
 			}
-			if _, rec, err := s.Acquire(ctx, key, fp("A"), holdTerms); err != nil || rec == nil || string(rec.Body) != "real" {
+			if _, rec, err := s.Acquire(ctx, key, fp("A"), terms); err != nil || rec == nil || string(rec.Body) != "real" {
 				t.Errorf("after the late completion: %v %v, want the real answer replayed", rec, err)
 			}
 		})

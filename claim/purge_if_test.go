@@ -44,15 +44,28 @@ func TestPurgeIfState(t *testing.T) {
 	}
 
 	flying := claim.NewKey(nil, "flying")
-	if lease, _, err := s.Acquire(ctx, flying, fp("f"), claim.Terms{LockTTL: 50 * time.Millisecond, TTL: time.Hour}); lease == nil || err != nil {
+	// A lock long enough that a stalled test goroutine still finds it live.
+	if lease, _, err := s.Acquire(ctx, flying, fp("f"), claim.Terms{LockTTL: time.Second, TTL: time.Hour}); lease == nil || err != nil {
 		t.Fatalf("claim: %v %v", lease, err)
 	}
 	// Live: its lock runs. Refused.
 	if st, deleted, err := in.PurgeIf(ctx, flying, claim.StateInFlight); !errors.Is(err, claim.ErrClaimLive) || deleted || st != claim.StateInFlight {
 		t.Errorf("in flight with its lock running, --state in_flight: %q %v %v; want ErrClaimLive, nothing deleted", st, deleted, err)
 	}
-	time.Sleep(120 * time.Millisecond) // abandoned: the lock expired on Redis's clock
-	if st, deleted, err := in.PurgeIf(ctx, flying, claim.StateInFlight); err != nil || !deleted || st != claim.StateInFlight {
+	// Abandoned once the lock expired on Redis's clock (a refusal until
+	// then deletes and announces nothing).
+	var (
+		st      claim.State
+		deleted bool
+		err     error
+	)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		st, deleted, err = in.PurgeIf(ctx, flying, claim.StateInFlight)
+		if !errors.Is(err, claim.ErrClaimLive) || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil || !deleted || st != claim.StateInFlight {
 		t.Errorf("abandoned, --state in_flight: %q %v %v; want it deleted", st, deleted, err)
 	}
 	if n, _ := rdb.Exists(ctx, claim.RecordKey("t:", flying)).Result(); n != 0 {

@@ -70,12 +70,15 @@ func TestReview12HoldOldFormatClaimNotReexecuted(t *testing.T) {
 		t.Run(be.name, func(t *testing.T) {
 			s := claim.NewStore(be.rdb, "test:", nil)
 			key := claim.NewKey(nil, "old-inflight")
-			oldClaim(t, be, key, fp("A"), holdTerms.LockTTL, holdTerms.TTL)
-			if _, _, err := s.Acquire(ctx, key, fp("A"), holdTerms); !errors.Is(err, claim.ErrInFlight) {
+			// A lock long enough that a stalled test goroutine still finds it running.
+			terms := holdTerms
+			terms.LockTTL = time.Second
+			oldClaim(t, be, key, fp("A"), terms.LockTTL, terms.TTL)
+			if _, _, err := s.Acquire(ctx, key, fp("A"), terms); !errors.Is(err, claim.ErrInFlight) {
 				t.Fatalf("within the old claim's lock: %v, want ErrInFlight", err)
 			}
-			be.advance(t, 250*time.Millisecond) // past the old lock: its record is gone, its mark is not
-			lease, rec, err := s.Acquire(ctx, key, fp("A"), holdTerms)
+			be.advance(t, terms.LockTTL+250*time.Millisecond) // past the old lock: its record is gone, its mark is not
+			lease, rec, err := s.Acquire(ctx, key, fp("A"), terms)
 			var u *claim.UnknownError
 			if !errors.As(err, &u) {
 				t.Errorf("hold, old replica's abandoned claim: lease %v (taken over %v), record %v, err %v; want ErrUnknown (504), never a second execution",

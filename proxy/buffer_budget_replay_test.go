@@ -57,7 +57,18 @@ func TestBufferBudgetReplaysCounted(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(time.Second) // the replays reach their first write, and block in it
+	// Until every replay has read its record and been admitted (it then
+	// blocks in its first write, counted) or refused (503, its record
+	// dropped). Bounded well within the writes' 10 s deadline (after it the
+	// blocked replays end and free their records), so that replays never
+	// counted still fail below.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		admitted := int(bufferedBytes(t, e)) / max
+		if admitted+int(counter(t, e.reg, "idemproxy_buffer_full_total", nil)) == keys &&
+			int(counter(t, e.reg, "idemproxy_inflight_requests", nil)) == admitted {
+			break
+		}
+	}
 
 	heapWithinCount(t, e, before, "replays of 6 MiB records to clients that do not read", "replays are held in memory, unbounded in number and uncounted")
 }
