@@ -164,15 +164,19 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 	}
 	cs := claim.NewStore(scripter, cfg.KeyPrefix, metrics.ObserveScript, storeOpts...)
 	st.close = watchPurges(cs, st.client, st.close, logger) // idemproxy keys purge reaches this replica's replay cache
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "idemproxy_replay_cache_on",
-		Help: "1 while this replica answers replays from its memory; 0 with REPLAY_CACHE_BYTES=0 and while its purge subscription is not verified (every replay read from Redis).",
-	}, func() float64 {
-		if cs.ReplayCacheOn() {
-			return 1
-		}
-		return 0
-	}))
+	if cfg.ReplayCacheBytes > 0 {
+		// Not exported without a cache: an alert on 0 then means a purge
+		// subscription that fails, never a cache turned off on purpose.
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_replay_cache_on",
+			Help: "1 while this replica's replay cache answers; 0 while its purge subscription is not verified (at start, and after a failure), when replays are read from Redis. Not exported with REPLAY_CACHE_BYTES=0.",
+		}, func() float64 {
+			if cs.ReplayCacheOn() {
+				return 1
+			}
+			return 0
+		}))
+	}
 	h, err := proxy.New(cs, proxy.Options{
 		Upstream:           cfg.upstream,
 		KeyHeader:          cfg.IdempotencyHeader,

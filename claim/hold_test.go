@@ -56,6 +56,10 @@ func TestHoldLockExpired(t *testing.T) {
 			if status, entered := unknownStatus(t)(s.Acquire(ctx, key, fp("A"), terms)); status != 504 || !entered {
 				t.Errorf("first request after the lock expired: status %d entered %v, want 504 true", status, entered)
 			}
+			// Unknown for the key's TTL: asked of Redis, which no stall blurs (review64).
+			if pttl, err := be.rdb.PTTL(ctx, claim.RecordKey("test:", key)).Result(); err != nil || pttl < terms.TTL/2 {
+				t.Errorf("the unknown record expires in %v (%v; TTL %v, lock TTL %v): once it does, a retry executes the key again", pttl, err, terms.TTL, terms.LockTTL)
+			}
 			be.advance(t, terms.LockTTL+250*time.Millisecond) // past the lock TTL again: still no execution
 			if status, entered := unknownStatus(t)(s.Acquire(ctx, key, fp("A"), terms)); status != 504 || entered {
 				t.Errorf("later request: status %d entered %v, want 504 false", status, entered)

@@ -45,9 +45,11 @@ func TestPurgeIfState(t *testing.T) {
 
 	flying := claim.NewKey(nil, "flying")
 	// A lock long enough that a stalled test goroutine still finds it live.
-	if lease, _, err := s.Acquire(ctx, flying, fp("f"), claim.Terms{LockTTL: time.Second, TTL: time.Hour}); lease == nil || err != nil {
+	const flyingLock = time.Second
+	if lease, _, err := s.Acquire(ctx, flying, fp("f"), claim.Terms{LockTTL: flyingLock, TTL: time.Hour}); lease == nil || err != nil {
 		t.Fatalf("claim: %v %v", lease, err)
 	}
+	lockEnded := time.Now().Add(flyingLock + 100*time.Millisecond) // on any clock of this host
 	// Live: its lock runs. Refused.
 	if st, deleted, err := in.PurgeIf(ctx, flying, claim.StateInFlight); !errors.Is(err, claim.ErrClaimLive) || deleted || st != claim.StateInFlight {
 		t.Errorf("in flight with its lock running, --state in_flight: %q %v %v; want ErrClaimLive, nothing deleted", st, deleted, err)
@@ -59,11 +61,17 @@ func TestPurgeIfState(t *testing.T) {
 		deleted bool
 		err     error
 	)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	for {
+		called := time.Now()
 		st, deleted, err = in.PurgeIf(ctx, flying, claim.StateInFlight)
-		if !errors.Is(err, claim.ErrClaimLive) || time.Now().After(deadline) {
+		if !errors.Is(err, claim.ErrClaimLive) {
 			break
 		}
+		// Refused after the lock ended: no stall explains that (review64).
+		if called.After(lockEnded) {
+			t.Fatalf("PurgeIf called %v after the claim's %v lock ended: %v; want the abandoned claim deleted", called.Sub(lockEnded), flyingLock, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	if err != nil || !deleted || st != claim.StateInFlight {
 		t.Errorf("abandoned, --state in_flight: %q %v %v; want it deleted", st, deleted, err)

@@ -55,7 +55,7 @@ var matchersRE = regexp.MustCompile(`[a-z_]+\{([^}]*)\}`)
 var wantAlerts = []string{
 	"IdemproxyHighTakeoverRate", "IdemproxyDoubleExecution", "IdemproxyRecordFailures", "IdemproxyStoreErrors",
 	"IdemproxyStoreUnsafe", "IdemproxyUnknownOutcomes", "IdemproxyNotReady", "IdemproxyReadinessFlapping",
-	"IdemproxyBufferFull",
+	"IdemproxyBufferFull", "IdemproxyReplayCacheOff",
 }
 
 const defaultRunbookBase = "https://github.com/idemproxy/idemproxy/blob/main/README.md"
