@@ -114,7 +114,8 @@ func TestPrometheusRuleValues(t *testing.T) {
 		"IdemproxyStoreErrors":       {") > 0.05\n"},
 		"IdemproxyReadinessFlapping": {">= 3\n"},
 	}
-	wantFor := map[string]string{"IdemproxyHighTakeoverRate": "30m", "IdemproxyStoreErrors": "2m", "IdemproxyStoreUnsafe": "1h"}
+	wantFor := map[string]string{"IdemproxyHighTakeoverRate": "30m", "IdemproxyStoreErrors": "2m", "IdemproxyStoreUnsafe": "1h",
+		"IdemproxyNotReady": "10m", "IdemproxyReplayCacheOff": "30m"}
 	for _, r := range pr.Spec.Groups[0].Rules {
 		for _, s := range want[r.Alert] {
 			if !strings.Contains(r.Expr, s) {
