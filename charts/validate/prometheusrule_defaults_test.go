@@ -69,30 +69,17 @@ func TestReplayCacheOffForLeftNull(t *testing.T) {
 // PrometheusRule, every idemproxy alert with it), an empty runbookBaseURL "#anchor".
 func TestPrometheusRuleKeysMissing(t *testing.T) {
 	vals := chartValues(t)
-	block := regexp.MustCompile(`(?ms)^prometheusRule:\n(.*?)^\S`).FindSubmatch(vals)
-	if block == nil {
-		t.Fatal("values.yaml: no prometheusRule block")
-	}
-	keys := regexp.MustCompile(`(?m)^  ([A-Za-z0-9]+):`).FindAllSubmatch(block[1], -1)
+	keys := blockKeys(t, vals, "prometheusRule")
 	want, err := json.Marshal(alertRules(t).Spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range keys {
-		key := string(k[1])
+	for _, key := range keys {
 		if key == "enabled" {
 			continue
 		}
 		t.Run(key, func(t *testing.T) {
-			// Only inside the prometheusRule block: other blocks have keys of the same name.
-			start := regexp.MustCompile(`(?m)^prometheusRule:\n`).FindIndex(vals)[1]
-			drop := regexp.MustCompile(`(?m)^  ` + key + `:.*\n(    .*\n|  - .*\n)*`)
-			loc := drop.FindIndex(vals[start:])
-			if loc == nil {
-				t.Fatalf("no %s line", key)
-			}
-			old := append(append([]byte{}, vals[:start+loc[0]]...), vals[start+loc[1]:]...)
-			dir := chartWithValues(t, old)
+			dir := chartWithValues(t, withoutKey(t, vals, "prometheusRule", key))
 			out, err := exec.Command(helmBinary(t), "template", releaseName, dir, "--namespace", namespace,
 				"--set", "prometheusRule.enabled=true").CombinedOutput()
 			if err != nil {
@@ -125,7 +112,6 @@ func firstDiff(a, b string) string {
 // the rules; notReadyFor (pre-existing) and replayCacheOffFor (e5c29b6) are not in it.
 func TestAlertsValuesSetEveryKey(t *testing.T) {
 	vals := chartValues(t)
-	block := regexp.MustCompile(`(?ms)^prometheusRule:\n(.*?)^\S`).FindSubmatch(vals)
 	ci, err := os.ReadFile(filepath.Join(chartDir, "ci", "alerts-values.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -136,9 +122,9 @@ func TestAlertsValuesSetEveryKey(t *testing.T) {
 	if err := yaml.Unmarshal(ci, &civ); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range regexp.MustCompile(`(?m)^  ([A-Za-z0-9]+):`).FindAllSubmatch(block[1], -1) {
-		if _, ok := civ.PrometheusRule[string(k[1])]; !ok {
-			t.Errorf("ci/alerts-values.yaml does not set prometheusRule.%s", k[1])
+	for _, k := range blockKeys(t, vals, "prometheusRule") {
+		if _, ok := civ.PrometheusRule[k]; !ok {
+			t.Errorf("ci/alerts-values.yaml does not set prometheusRule.%s", k)
 		}
 	}
 }

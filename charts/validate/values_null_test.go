@@ -61,11 +61,7 @@ func TestValuesLeftNull(t *testing.T) {
 // SCOPE_HEADERS="" is no scope; REPLAY_CACHE_BYTES="0" is no cache).
 func TestEveryConfigKeyMissing(t *testing.T) {
 	vals := chartValues(t)
-	configBlock := regexp.MustCompile(`(?ms)^config:\n(.*?)^\S`).FindSubmatch(vals)
-	if configBlock == nil {
-		t.Fatal("values.yaml: no config block")
-	}
-	keys := regexp.MustCompile(`(?m)^  ([A-Za-z0-9]+):`).FindAllSubmatch(configBlock[1], -1)
+	keys := blockKeys(t, vals, "config")
 	if len(keys) < 30 {
 		t.Fatalf("found %d config keys, want the 30 and more of values.yaml", len(keys))
 	}
@@ -75,12 +71,9 @@ func TestEveryConfigKeyMissing(t *testing.T) {
 	}
 	base := decodeAll(t, out)
 	want := base.configMap(base.deployment.Name).Data
-	for _, k := range keys {
-		key := string(k[1])
+	for _, key := range keys {
 		t.Run(key, func(t *testing.T) {
-			// The key's line and whatever is nested under it.
-			drop := regexp.MustCompile(`(?m)^  ` + key + `:.*\n(    .*\n|  - .*\n)*`)
-			dir := chartWithValues(t, drop.ReplaceAll(vals, nil))
+			dir := chartWithValues(t, withoutKey(t, vals, "config", key))
 			out, err := exec.Command(helmBinary(t), "template", releaseName, dir, "--namespace", namespace).CombinedOutput()
 			if err != nil {
 				return // refused at render, with a message
@@ -93,6 +86,35 @@ func TestEveryConfigKeyMissing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// blockKeys lists the keys of the top-level block name of values.yaml.
+func blockKeys(t *testing.T, vals []byte, name string) []string {
+	t.Helper()
+	block := regexp.MustCompile(`(?ms)^` + name + `:\n(.*?)^\S`).FindSubmatch(vals)
+	if block == nil {
+		t.Fatalf("values.yaml: no %s block", name)
+	}
+	var keys []string
+	for _, k := range regexp.MustCompile(`(?m)^  ([A-Za-z0-9]+):`).FindAllSubmatch(block[1], -1) {
+		keys = append(keys, string(k[1]))
+	}
+	return keys
+}
+
+// withoutKey is vals without the key of the top-level block name: its line
+// and whatever is nested under it. Other blocks' keys of the same name stay.
+func withoutKey(t *testing.T, vals []byte, name, key string) []byte {
+	t.Helper()
+	at := regexp.MustCompile(`(?m)^` + name + `:\n`).FindIndex(vals)
+	if at == nil {
+		t.Fatalf("values.yaml: no %s block", name)
+	}
+	loc := regexp.MustCompile(`(?m)^  ` + key + `:.*\n(    .*\n|  - .*\n)*`).FindIndex(vals[at[1]:])
+	if loc == nil {
+		t.Fatalf("values.yaml: no %s.%s", name, key)
+	}
+	return append(append([]byte{}, vals[:at[1]+loc[0]]...), vals[at[1]+loc[1]:]...)
 }
 
 // chartValues is the chart's values.yaml.
