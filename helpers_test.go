@@ -135,8 +135,8 @@ func cachedAnswer(t *testing.T, c *http.Client, a *app, key string) response {
 	return first
 }
 
-// waitReplayCacheOn waits until a's replay cache answers: a second or so
-// after the start, once its purge subscription is verified. Before that
+// waitReplayCacheOn waits until a's replay cache answers: once its purge
+// subscription is verified, milliseconds after the start. Before that
 // every replay is read from Redis, and a test of what the cache does
 // would show nothing. a needs its admin listener.
 func waitReplayCacheOn(t *testing.T, c *http.Client, a *app) {

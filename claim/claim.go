@@ -240,7 +240,7 @@ func NewStore(rdb redis.Scripter, prefix string, obs Observer, opts ...Option) *
 
 // ReplayCacheOn reports whether the replay cache answers replays now: it is
 // configured and, with CacheAfterSubscribed, its purge subscription is
-// verified. While it is off, every replay is read from Redis.
+// verified. While it is off, replays are read from Redis.
 func (s *Store) ReplayCacheOn() bool {
 	return s.cache != nil && !s.cache.isOff()
 }
