@@ -82,6 +82,23 @@ type Terms struct {
 	// Hold (ON_UNKNOWN=hold): a claim whose lock expired is never taken
 	// over; the key's outcome becomes unknown until an operator purges it.
 	Hold bool
+	// MaxReplay bounds the claim's reply: a completed record larger than
+	// this many bytes (encoded) is not sent, and Acquire returns a
+	// *LargeRecordError with its size; the caller counts that much memory
+	// and acquires again with MaxReplay at least that. 0: any size. (A
+	// replay from the replay cache is shared, and returned whatever its
+	// size.)
+	MaxReplay int64
+}
+
+// LargeRecordError: the key's record is completed for this fingerprint,
+// and is larger than Terms.MaxReplay; nothing of it was read.
+type LargeRecordError struct {
+	Size int64 // bytes the reply would carry
+}
+
+func (e *LargeRecordError) Error() string {
+	return fmt.Sprintf("claim: completed record of %d bytes, above the reply's bound", e.Size)
 }
 
 var (
@@ -352,7 +369,11 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, terms Term
 	if terms.Hold {
 		hold = "1"
 	}
-	v, acked, err := s.run(ctx, claimScript, keys, token, fp[:], ms(terms.LockTTL), ms(max(terms.TTL, terms.LockTTL)), s.upstream, hold, s.format)
+	maxReplay := ""
+	if terms.MaxReplay > 0 {
+		maxReplay = strconv.FormatInt(terms.MaxReplay, 10)
+	}
+	v, acked, err := s.run(ctx, claimScript, keys, token, fp[:], ms(terms.LockTTL), ms(max(terms.TTL, terms.LockTTL)), s.upstream, hold, s.format, maxReplay)
 	status, args, err := decodeReply(v, err)
 	if err == nil && (status == "claimed" || status == "takeover") && acked < s.waitReplicas {
 		_ = s.newLease(keys, token, fp).releaseOnce(ctx) // best effort; the lock TTL frees it otherwise
@@ -400,6 +421,12 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, terms Term
 			}
 		}
 		return nil, rec, nil
+	case "large":
+		size, perr := strconv.ParseInt(args[0], 10, 64)
+		if perr != nil || size <= terms.MaxReplay {
+			return nil, nil, fmt.Errorf("claim %s: bad record size %q for a bound of %d: %w", key, args[0], terms.MaxReplay, ErrBadRecord)
+		}
+		return nil, nil, &LargeRecordError{Size: size}
 	case "inflight":
 		return nil, nil, ErrInFlight
 	case "unknown":

@@ -2,12 +2,15 @@ package proxy_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
 // TestBufferBudgetReplaysCounted: a replay holds its record while the client
@@ -38,6 +41,10 @@ func TestBufferBudgetReplaysCounted(t *testing.T) {
 	}
 
 	before := liveHeap()
+	out, err := redistest.OutputBytes(context.Background(), e.rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	var conns []net.Conn
 	defer func() {
@@ -70,5 +77,29 @@ func TestBufferBudgetReplaysCounted(t *testing.T) {
 		}
 	}
 
+	// A replay is counted before its record is read (readLarge), so the
+	// count says nothing of where it is: each has written its status line
+	// once its record is read and decoded, or answered 503.
+	for i, c := range conns {
+		var line [12]byte // "HTTP/1.1 200", or 503
+		if _, err := io.ReadFull(c, line[:]); err != nil {
+			t.Fatalf("replay %d: status line: %v", i, err)
+		}
+	}
 	heapWithinCount(t, e, before, "replays of 6 MiB records to clients that do not read", "replays are held in memory, unbounded in number and uncounted")
+
+	// Only the replays let in read their records: a refused one was told
+	// the record's size, not sent it (else each held up to a record,
+	// uncounted, until it was refused).
+	sent, err := redistest.OutputBytes(context.Background(), e.rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted := int64(bufferedBytes(t, e)) / max
+	if refused := counter(t, e.reg, "idemproxy_buffer_full_total", nil); refused == 0 || admitted == 0 {
+		t.Fatalf("%v replays refused, %d let in: want some of each, or this shows nothing", refused, admitted)
+	}
+	if sent -= out; sent > admitted*max+1<<20 {
+		t.Errorf("Redis sent %d MiB for %d replays of which %d were let in: the refused ones read their %d MiB records too", sent>>20, keys, admitted, max>>20)
+	}
 }

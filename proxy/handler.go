@@ -325,6 +325,9 @@ type result struct {
 	// acct holds the request's share of MAX_BUFFERED_BYTES: its body, and
 	// its answer while it is recorded. Given back by finish.
 	acct account
+	// replayCounted: a record read by readLarge, counted in acct before it
+	// was read (replay does not count it again).
+	replayCounted bool
 }
 
 // The key_source label and access-log field: a fixed set.
@@ -495,6 +498,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	res.key, res.hasKey = k, true
 
 	lease, rec, err := h.acquire(r.Context(), k, fp, pol)
+	if err != nil {
+		if pol.Observe && isLarge(err) {
+			// A completed record: forwarded, and counted would_replay, without reading it.
+			h.refuse(w, r, &res, answer{outcome: outcomeReplayed}, pol, body)
+			return
+		}
+		var over bool
+		if lease, rec, err, over = h.readLarge(r.Context(), k, fp, pol, err, &res); over {
+			h.metrics.bufferFull.Inc()
+			res.warn().Hex("key_hash", res.key[:]).Int64("max_buffered_bytes", h.opts.MaxBufferedBytes).
+				Msg("MAX_BUFFERED_BYTES reached: replay refused; answered 503")
+			h.refuse(w, r, &res, h.overloaded(), pol, body)
+			return
+		}
+	}
 	if rec != nil {
 		res.replayOf = rec.Trace
 	}
@@ -613,6 +631,9 @@ func (h *Handler) acquire(ctx context.Context, k claim.Key, fp claim.Fingerprint
 	// written but never answered would hold the key for its lock TTL.
 	sctx := context.WithoutCancel(ctx)
 	terms := claim.Terms{LockTTL: pol.LockTTL, TTL: pol.TTL, Hold: pol.Hold}
+	if h.opts.MaxBufferedBytes > 0 {
+		terms.MaxReplay = maxInlineReplay
+	}
 	lease, rec, err := h.store.Acquire(sctx, k, fp, terms)
 	if pol.Wait <= 0 || pol.Observe || !errors.Is(err, claim.ErrInFlight) {
 		return lease, rec, err
@@ -642,6 +663,51 @@ func (h *Handler) acquire(ctx context.Context, k claim.Key, fp claim.Fingerprint
 	}
 }
 
+// maxInlineReplay is the largest record a claim's reply may carry. A larger
+// one is read by readLarge once MAX_BUFFERED_BYTES has counted it: else
+// every concurrent replay would hold a record of up to
+// MAX_STORED_RESPONSE_BYTES before it is counted. (As much as the read
+// buffer each connection reading a keyed body holds uncounted.)
+const maxInlineReplay = 16 << 10
+
+// readLarge reads the record of a claim whose reply left it out for its
+// size (a *claim.LargeRecordError; any other err is returned as it is):
+// it counts that size in the request's account, under the rule that lets a
+// replay in (over is true when there is no room: nothing was read), then
+// claims again with a reply bounded to it (counted twice while it is read
+// and decoded). The key may have changed in
+// between (purged, and claimed or recorded anew): what comes back is
+// answered as any claim's result, and a size counted for nothing is given
+// back.
+func (h *Handler) readLarge(ctx context.Context, k claim.Key, fp claim.Fingerprint, pol Policy, err error, res *result) (_ *claim.Lease, _ *claim.Record, _ error, over bool) {
+	var large *claim.LargeRecordError
+	for tries := 0; errors.As(err, &large); tries++ {
+		if tries == 3 || !res.acct.admit(large.Size) {
+			return nil, nil, nil, true
+		}
+		terms := claim.Terms{LockTTL: pol.LockTTL, TTL: pol.TTL, Hold: pol.Hold, MaxReplay: large.Size}
+		// While it is decoded, the reply and the record are held at once.
+		res.acct.force(large.Size)
+		lease, rec, aerr := h.store.Acquire(context.WithoutCancel(ctx), k, fp, terms)
+		res.acct.give(large.Size)
+		if rec == nil || rec.Cached {
+			res.acct.give(large.Size)
+		} else {
+			res.replayCounted = true
+		}
+		if !errors.As(aerr, &large) {
+			return lease, rec, aerr, false
+		}
+		err = aerr
+	}
+	return nil, nil, err, false
+}
+
+func isLarge(err error) bool {
+	var large *claim.LargeRecordError
+	return errors.As(err, &large)
+}
+
 // replayedTrue is shared by every replay; nothing appends to it.
 var replayedTrue = []string{"true"}[:1:1]
 
@@ -657,7 +723,7 @@ func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record, res *result) 
 	// per write): counted, and let in under a new request's rule, or clients
 	// that ask for large replays and never read could hold any amount. One
 	// the replay cache keeps holds nothing more, nor does an empty one.
-	if n := len(rec.Body); n > 0 && !rec.Cached && !res.acct.admit(int64(n)) {
+	if n := len(rec.Body); n > 0 && !rec.Cached && !res.replayCounted && !res.acct.admit(int64(n)) {
 		h.metrics.bufferFull.Inc()
 		res.warn().Hex("key_hash", res.key[:]).Int("body_bytes", len(rec.Body)).Int64("max_buffered_bytes", h.opts.MaxBufferedBytes).
 			Msg("MAX_BUFFERED_BYTES reached: replay refused; answered 503")

@@ -24,6 +24,9 @@
 --                      one upstream is never replayed in front of another
 -- ARGV[6]  '1' hold    an in-flight claim whose lock expired becomes unknown (504)
 -- ARGV[7]  's'         write records as strings (RECORD_FORMAT=string); else as hashes
+-- ARGV[8]  max replay  bytes; a completed record whose reply would carry more is not sent,
+--                      only its size ('' or absent: any size): the caller reads it by a
+--                      second call once it has counted that much memory for it
 --
 -- Reply, first element a status:
 --   {"claimed"}                 key was free; now in flight under ARGV[1]
@@ -41,6 +44,8 @@
 --                               ... kept as a string record: the whole string, and the
 --                               1-based position where the encoded response starts in
 --                               it (handed over whole, not copied out inside Redis)
+--   {"large", "<bytes>"}        key is completed for this fingerprint, and the replay reply
+--                               would carry more than ARGV[8] bytes (nothing else sent)
 --   {"unknown", "<status>"}     the key's outcome is unknown (held for an operator);
 --   {"unknown", "504", "held"}  ... and this request found its lock expired and held it
 --
@@ -249,6 +254,10 @@ if cur then
       return {'mismatch'}
     end
     if cur.st == 'c' then
+      local size = raw and #raw or #(cur.rec or '')
+      if (ARGV[8] or '') ~= '' and size > tonumber(ARGV[8]) then
+        return {'large', tostring(size)}
+      end
       local pttl = tostring(redis.call('PTTL', KEYS[1]))
       if raw then
         -- The whole string, and where the answer starts: not a copy of it.

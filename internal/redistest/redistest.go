@@ -8,6 +8,7 @@ package redistest
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os/exec"
@@ -239,4 +240,19 @@ func (s *Server) pid() int {
 		return 0
 	}
 	return s.cmd.Process.Pid
+}
+
+// OutputBytes is Redis's total_net_output_bytes (INFO stats): what it has
+// sent its clients so far, to tell how much replies carried.
+func OutputBytes(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
+	info, err := rdb.Info(ctx, "stats").Result()
+	if err != nil {
+		return 0, fmt.Errorf("INFO stats: %w", err)
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_net_output_bytes:"); ok {
+			return strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return 0, errors.New("INFO stats has no total_net_output_bytes")
 }
