@@ -505,6 +505,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		var over bool
+		if isLarge(err) {
+			// The key was seen completed: a failure from here on is never
+			// forwarded (FAIL_MODE=open), or it would execute again.
+			pol.FailOpen = false
+		}
 		if lease, rec, err, over = h.readLarge(r.Context(), k, fp, pol, err, &res); over {
 			h.metrics.bufferFull.Inc()
 			res.warn().Hex("key_hash", res.key[:]).Int64("max_buffered_bytes", h.opts.MaxBufferedBytes).
@@ -666,8 +671,8 @@ func (h *Handler) acquire(ctx context.Context, k claim.Key, fp claim.Fingerprint
 // maxInlineReplay is the largest record a claim's reply may carry. A larger
 // one is read by readLarge once MAX_BUFFERED_BYTES has counted it: else
 // every concurrent replay would hold a record of up to
-// MAX_STORED_RESPONSE_BYTES before it is counted. (As much as the read
-// buffer each connection reading a keyed body holds uncounted.)
+// MAX_STORED_RESPONSE_BYTES before it is counted. (A replay up to it holds
+// about twice it uncounted while it decodes: the reply and the record.)
 const maxInlineReplay = 16 << 10
 
 // readLarge reads the record of a claim whose reply left it out for its
@@ -682,7 +687,12 @@ const maxInlineReplay = 16 << 10
 func (h *Handler) readLarge(ctx context.Context, k claim.Key, fp claim.Fingerprint, pol Policy, err error, res *result) (_ *claim.Lease, _ *claim.Record, _ error, over bool) {
 	var large *claim.LargeRecordError
 	for tries := 0; errors.As(err, &large); tries++ {
-		if tries == 3 || !res.acct.admit(large.Size) {
+		if tries == 3 {
+			// The record changed at every read: answered as a store that
+			// cannot serve it (503, retry), never executed.
+			return nil, nil, err, false
+		}
+		if !res.acct.admit(large.Size) {
 			return nil, nil, nil, true
 		}
 		terms := claim.Terms{LockTTL: pol.LockTTL, TTL: pol.TTL, Hold: pol.Hold, MaxReplay: large.Size}
@@ -694,6 +704,11 @@ func (h *Handler) readLarge(ctx context.Context, k claim.Key, fp claim.Fingerpri
 			res.acct.give(large.Size)
 		} else {
 			res.replayCounted = true
+		}
+		if errors.Is(aerr, claim.ErrInFlight) && pol.Wait > 0 {
+			// Purged and claimed anew in between: waited for as any
+			// duplicate is (a large answer comes back as an error again).
+			lease, rec, aerr = h.acquire(ctx, k, fp, pol)
 		}
 		if !errors.As(aerr, &large) {
 			return lease, rec, aerr, false

@@ -1,0 +1,152 @@
+package proxy_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// largeHookProxy starts a Handler on e's Redis whose store calls onLarge,
+// synchronously, each time a claim is answered 'large' (between the first
+// claim and readLarge's second one).
+func largeHookProxy(t *testing.T, e *env, opts proxy.Options, onLarge func(n int)) (*httptest.Server, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	metrics := proxy.NewMetrics(reg)
+	opts.Logger = zerolog.New(e.logs).With().Timestamp().Logger()
+	opts.Metrics = metrics
+	var n atomic.Int32
+	obs := func(ev claim.Event) {
+		metrics.ObserveScript(ev)
+		if ev.Op == claim.OpClaim && ev.Result == "large" {
+			onLarge(int(n.Add(1)))
+		}
+	}
+	h, err := proxy.New(claim.NewStore(e.rdb, "idem:", obs), opts)
+	if err != nil {
+		t.Fatalf("proxy.New: %v", err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv, reg
+}
+
+// TestLargeReplayWaitRouteAfterRecordChanged: on a wait= route, the record
+// expires (or is purged) between the 'large' claim and readLarge's second
+// claim, and a new execution of the same request claims it. A duplicate
+// that finds the key in flight on a wait route waits for it; this one is
+// answered 409 at once, because readLarge's claim does not go through
+// acquire's polling.
+func TestLargeReplayWaitRouteAfterRecordChanged(t *testing.T) {
+	e := newEnv(t, realBackend, func(o *proxy.Options) { o.MaxBufferedBytes = 32 << 20; o.Default.Wait = 5 * time.Second })
+	big := bytes.Repeat([]byte("L"), 100<<10)
+	var calls atomic.Int32
+	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if calls.Add(1) > 1 {
+			time.Sleep(300 * time.Millisecond)
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(big)
+	})
+	if r := e.do(req{key: "k", body: "b"}); r.StatusCode != http.StatusCreated {
+		t.Fatalf("first: %d", r.StatusCode)
+	}
+	var other sync.WaitGroup
+	srv, _ := largeHookProxy(t, e, e.opts, func(n int) {
+		if n != 1 {
+			return
+		}
+		// The record expires; the same request, sent again elsewhere, claims the key.
+		if err := e.rdb.FlushAll(context.Background()).Err(); err != nil {
+			t.Error(err)
+		}
+		other.Add(1)
+		go func() { defer other.Done(); e.do(req{key: "k", body: "b"}) }()
+		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if keys, _ := e.rdb.Keys(context.Background(), "idem:*").Result(); len(keys) > 0 {
+				return
+			}
+		}
+		t.Error("the other request never claimed the key")
+	})
+	r := e.doTo(srv, req{key: "k", body: "b"})
+	other.Wait()
+	if r.StatusCode != http.StatusCreated || !bytes.Equal(r.body, big) {
+		t.Errorf("duplicate on a wait route, key found in flight by the second claim: %d (%d bytes), want it to wait and get the replay (201)", r.StatusCode, len(r.body))
+	}
+}
+
+// TestLargeReplayChangingRecordIsNotOverload: a record that is larger at each
+// of readLarge's claims (three tries) is answered 503 overloaded, counted
+// in idemproxy_buffer_full_total and logged "MAX_BUFFERED_BYTES reached"
+// though the budget is empty.
+func TestLargeReplayChangingRecordIsNotOverload(t *testing.T) {
+	e := newEnv(t, realBackend, func(o *proxy.Options) { o.MaxBufferedBytes = 32 << 20 })
+	big := bytes.Repeat([]byte("L"), 100<<10)
+	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(big)
+	})
+	if r := e.do(req{key: "k", body: "b"}); r.StatusCode != http.StatusCreated {
+		t.Fatalf("first: %d", r.StatusCode)
+	}
+	keys, err := e.rdb.Keys(context.Background(), "idem:*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("keys %v %v", keys, err)
+	}
+	srv, reg := largeHookProxy(t, e, e.opts, func(int) {
+		// The record grows between claims (stands for a purge and a new execution each time).
+		ctx := context.Background()
+		rec, err := e.rdb.HGet(ctx, keys[0], "rec").Result()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		e.rdb.HSet(ctx, keys[0], "rec", rec+"x")
+	})
+	r := e.doTo(srv, req{key: "k", body: "b"})
+	full := counter(t, reg, "idemproxy_buffer_full_total", nil)
+	used := counter(t, reg, "idemproxy_buffered_bytes", nil)
+	if r.StatusCode == http.StatusServiceUnavailable && full > 0 {
+		t.Errorf("record changing at each claim: %d, idemproxy_buffer_full_total %v with idemproxy_buffered_bytes %v (limit %d): counted and logged as MAX_BUFFERED_BYTES reached though nothing was full", r.StatusCode, full, used, e.opts.MaxBufferedBytes)
+	}
+	if bytes.Contains([]byte(e.logs.String()), []byte("MAX_BUFFERED_BYTES reached")) {
+		t.Errorf("log says MAX_BUFFERED_BYTES reached; the budget was empty")
+	}
+}
+
+// TestLargeReplayNoFailOpenAfterLarge: the first claim proves the key completed
+// ('large'); Redis then fails before the second claim. With fail_open the
+// request is forwarded: the upstream executes a request the proxy had just
+// seen completed.
+func TestLargeReplayNoFailOpenAfterLarge(t *testing.T) {
+	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.MaxBufferedBytes = 32 << 20; o.Default.FailOpen = true })
+	big := bytes.Repeat([]byte("L"), 100<<10)
+	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(big)
+	})
+	if r := e.do(req{key: "k", body: "b"}); r.StatusCode != http.StatusCreated {
+		t.Fatalf("first: %d", r.StatusCode)
+	}
+	srv, _ := largeHookProxy(t, e, e.opts, func(int) { e.mr.Close() })
+	r := e.doTo(srv, req{key: "k", body: "b"})
+	if n := e.calls.Load(); n != 1 {
+		t.Errorf("upstream calls %d (answer %d, replayed %q), want 1: the key was seen completed, then executed again (fail open on readLarge's claim)", n, r.StatusCode, r.Header.Get("Idempotent-Replayed"))
+	}
+}
