@@ -21,12 +21,19 @@ import (
 // does with REPLAY_CACHE_BYTES, default 16 MiB), e.opts otherwise.
 func cachedProxy(t *testing.T, e *env) (*httptest.Server, *prometheus.Registry) {
 	t.Helper()
+	return storeProxy(t, e, e.opts, func(m *proxy.Metrics) *claim.Store {
+		return claim.NewStore(e.rdb, "idem:", m.ObserveScript, claim.ReplayCache(64<<20, time.Minute))
+	})
+}
+
+// storeProxy starts a Handler with opts on the store newStore makes, its
+// metrics in a registry of their own and its log in e's.
+func storeProxy(t *testing.T, e *env, opts proxy.Options, newStore func(*proxy.Metrics) *claim.Store) (*httptest.Server, *prometheus.Registry) {
+	t.Helper()
 	reg := prometheus.NewRegistry()
-	metrics := proxy.NewMetrics(reg)
-	opts := e.opts
+	opts.Metrics = proxy.NewMetrics(reg)
 	opts.Logger = zerolog.New(e.logs).With().Timestamp().Logger()
-	opts.Metrics = metrics
-	h, err := proxy.New(claim.NewStore(e.rdb, "idem:", metrics.ObserveScript, claim.ReplayCache(64<<20, time.Minute)), opts)
+	h, err := proxy.New(newStore(opts.Metrics), opts)
 	if err != nil {
 		t.Fatalf("proxy.New: %v", err)
 	}

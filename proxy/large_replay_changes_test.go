@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -23,32 +22,22 @@ import (
 // claim and readLarge's second one).
 func largeHookProxy(t *testing.T, e *env, opts proxy.Options, onLarge func(n int)) (*httptest.Server, *prometheus.Registry) {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	metrics := proxy.NewMetrics(reg)
-	opts.Logger = zerolog.New(e.logs).With().Timestamp().Logger()
-	opts.Metrics = metrics
 	var n atomic.Int32
-	obs := func(ev claim.Event) {
-		metrics.ObserveScript(ev)
-		if ev.Op == claim.OpClaim && ev.Result == "large" {
-			onLarge(int(n.Add(1)))
-		}
-	}
-	h, err := proxy.New(claim.NewStore(e.rdb, "idem:", obs), opts)
-	if err != nil {
-		t.Fatalf("proxy.New: %v", err)
-	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	return srv, reg
+	return storeProxy(t, e, opts, func(m *proxy.Metrics) *claim.Store {
+		return claim.NewStore(e.rdb, "idem:", func(ev claim.Event) {
+			m.ObserveScript(ev)
+			if ev.Op == claim.OpClaim && ev.Result == "large" {
+				onLarge(int(n.Add(1)))
+			}
+		})
+	})
 }
 
 // TestLargeReplayWaitRouteAfterRecordChanged: on a wait= route, the record
 // expires (or is purged) between the 'large' claim and readLarge's second
-// claim, and a new execution of the same request claims it. A duplicate
-// that finds the key in flight on a wait route waits for it; this one is
-// answered 409 at once, because readLarge's claim does not go through
-// acquire's polling.
+// claim, and a new execution of the same request claims it. The duplicate
+// that then finds the key in flight waits for it, as any duplicate on a
+// wait route does, rather than 409 at once (review67).
 func TestLargeReplayWaitRouteAfterRecordChanged(t *testing.T) {
 	e := newEnv(t, realBackend, func(o *proxy.Options) { o.MaxBufferedBytes = 32 << 20; o.Default.Wait = 5 * time.Second })
 	big := bytes.Repeat([]byte("L"), 100<<10)
@@ -90,20 +79,12 @@ func TestLargeReplayWaitRouteAfterRecordChanged(t *testing.T) {
 }
 
 // TestLargeReplayChangingRecordIsNotOverload: a record that is larger at each
-// of readLarge's claims (three tries) is answered 503 overloaded, counted
-// in idemproxy_buffer_full_total and logged "MAX_BUFFERED_BYTES reached"
-// though the budget is empty.
+// of readLarge's claims (three tries) is answered 503 and never executed,
+// but not as overloaded: neither counted in idemproxy_buffer_full_total nor
+// logged "MAX_BUFFERED_BYTES reached", the budget being empty (review67).
 func TestLargeReplayChangingRecordIsNotOverload(t *testing.T) {
 	e := newEnv(t, realBackend, func(o *proxy.Options) { o.MaxBufferedBytes = 32 << 20 })
-	big := bytes.Repeat([]byte("L"), 100<<10)
-	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.WriteHeader(http.StatusCreated)
-		_, _ = w.Write(big)
-	})
-	if r := e.do(req{key: "k", body: "b"}); r.StatusCode != http.StatusCreated {
-		t.Fatalf("first: %d", r.StatusCode)
-	}
+	recordLarge(t, e, "k")
 	keys, err := e.rdb.Keys(context.Background(), "idem:*").Result()
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("keys %v %v", keys, err)
@@ -130,23 +111,30 @@ func TestLargeReplayChangingRecordIsNotOverload(t *testing.T) {
 }
 
 // TestLargeReplayNoFailOpenAfterLarge: the first claim proves the key completed
-// ('large'); Redis then fails before the second claim. With fail_open the
-// request is forwarded: the upstream executes a request the proxy had just
-// seen completed.
+// ('large'); Redis then fails before the second claim. Even with fail_open
+// the request is not forwarded: the upstream would execute a request the
+// proxy had just seen completed (review67).
 func TestLargeReplayNoFailOpenAfterLarge(t *testing.T) {
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.MaxBufferedBytes = 32 << 20; o.Default.FailOpen = true })
+	recordLarge(t, e, "k")
+	srv, _ := largeHookProxy(t, e, e.opts, func(int) { e.mr.Close() })
+	r := e.doTo(srv, req{key: "k", body: "b"})
+	if n := e.calls.Load(); n != 1 {
+		t.Errorf("upstream calls %d (answer %d, replayed %q), want 1: the key was seen completed, then executed again (fail open on readLarge's claim)", n, r.StatusCode, r.Header.Get("Idempotent-Replayed"))
+	}
+}
+
+// recordLarge records a 100 KiB answer (above what a claim's reply
+// carries) for key with the body "b".
+func recordLarge(t *testing.T, e *env, key string) {
+	t.Helper()
 	big := bytes.Repeat([]byte("L"), 100<<10)
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write(big)
 	})
-	if r := e.do(req{key: "k", body: "b"}); r.StatusCode != http.StatusCreated {
+	if r := e.do(req{key: key, body: "b"}); r.StatusCode != http.StatusCreated {
 		t.Fatalf("first: %d", r.StatusCode)
-	}
-	srv, _ := largeHookProxy(t, e, e.opts, func(int) { e.mr.Close() })
-	r := e.doTo(srv, req{key: "k", body: "b"})
-	if n := e.calls.Load(); n != 1 {
-		t.Errorf("upstream calls %d (answer %d, replayed %q), want 1: the key was seen completed, then executed again (fail open on readLarge's claim)", n, r.StatusCode, r.Header.Get("Idempotent-Replayed"))
 	}
 }
