@@ -138,3 +138,58 @@ func recordLarge(t *testing.T, e *env, key string) {
 		t.Fatalf("first: %d", r.StatusCode)
 	}
 }
+
+// TestLargeReplayCountedTwiceWhileDecoded: while readLarge's second claim
+// brings a large record back and it is decoded, the reply and the decoded
+// record are both held: MAX_BUFFERED_BYTES counts the record twice then, and
+// once after (the replay holds it while the client reads).
+func TestLargeReplayCountedTwiceWhileDecoded(t *testing.T) {
+	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.MaxBufferedBytes = 32 << 20 })
+	recordLarge(t, e, "k")
+	ctx := context.Background()
+	keys, err := e.rdb.Keys(ctx, "idem:*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("keys %v %v", keys, err)
+	}
+	size, err := e.rdb.HStrLen(ctx, keys[0], "rec").Result()
+	if err != nil || size < 100<<10 {
+		t.Fatalf("record size %d %v", size, err)
+	}
+	var (
+		reg          *prometheus.Registry
+		mu           sync.Mutex
+		whileDecoded []float64
+	)
+	srv, r := storeProxy(t, e, e.opts, func(m *proxy.Metrics) *claim.Store {
+		return claim.NewStore(e.rdb, "idem:", func(ev claim.Event) {
+			m.ObserveScript(ev)
+			// The claim's reply is in, not yet decoded.
+			if ev.Op == claim.OpClaim && ev.Result == "replay" {
+				mu.Lock()
+				whileDecoded = append(whileDecoded, counter(t, reg, "idemproxy_buffered_bytes", nil))
+				mu.Unlock()
+			}
+		})
+	})
+	reg = r
+	resp := e.doTo(srv, req{key: "k", body: "b"})
+	if resp.StatusCode != http.StatusCreated || len(resp.body) != 100<<10 {
+		t.Fatalf("replay: %d, %d bytes", resp.StatusCode, len(resp.body))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(whileDecoded) != 1 {
+		t.Fatalf("replay claims seen %d, want 1 (readLarge's second claim)", len(whileDecoded))
+	}
+	if got := whileDecoded[0]; got < float64(2*size) {
+		t.Errorf("idemproxy_buffered_bytes %v while the %d-byte record was decoded, want at least %d: the reply and the record are both held", got, size, 2*size)
+	}
+	// The handler gives the count back as it returns, after the client's read.
+	got := counter(t, reg, "idemproxy_buffered_bytes", nil)
+	for deadline := time.Now().Add(2 * time.Second); got != 0 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		got = counter(t, reg, "idemproxy_buffered_bytes", nil)
+	}
+	if got != 0 {
+		t.Errorf("idemproxy_buffered_bytes %v after the replay, want 0", got)
+	}
+}
