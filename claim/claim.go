@@ -473,13 +473,22 @@ func (s *Store) newLease(keys []string, token string, fp Fingerprint) *Lease {
 // ErrNotReplicated (wrapped) means the record was written on the master but
 // not acknowledged by enough replicas; nothing is retried then.
 func (l *Lease) Complete(ctx context.Context, rec *Record, ttl time.Duration) error {
-	// A copy: rec.Trace itself, handed on to the script's arguments, would
-	// make the compiler move the whole record (its headers) to the heap.
+	return l.CompleteEncoded(ctx, rec.Encode(), rec.Trace, ttl)
+}
+
+// CompleteEncoded is Complete for a record already encoded (Record.Encode)
+// with its Trace: a caller that holds the answer in a buffer of its own can
+// let go of it once it is encoded, and count the encoding instead, which
+// Redis may take up to CompleteBudget to accept.
+func (l *Lease) CompleteEncoded(ctx context.Context, enc []byte, trace string, ttl time.Duration) error {
+	// A copy: the caller's string, handed on to the script's arguments,
+	// would make the compiler move what holds it (a record's headers) to
+	// the heap.
 	tr := ""
-	if isTraceContext(rec.Trace) {
-		tr = strings.Clone(rec.Trace)
+	if isTraceContext(trace) {
+		tr = strings.Clone(trace)
 	}
-	return l.record(ctx, rec.Encode(), ttl, "c", tr)
+	return l.record(ctx, enc, ttl, "c", tr)
 }
 
 // isTraceContext reports whether s is "<trace-id>-<span-id>" as Record.Trace

@@ -143,8 +143,16 @@ func (ex *exchange) dropCopy() {
 	ex.counted = 0
 }
 
-// putCopy gives the copy's buffer back to the pool (the record has been
-// written by then), unless it grew too large to keep.
+// releaseCopy lets go of the copy once the record is encoded: its buffer
+// goes back to the pool (or to the collector) and its count to the budget.
+func (ex *exchange) releaseCopy() {
+	ex.putCopy()
+	ex.acct.give(ex.counted)
+	ex.counted = 0
+}
+
+// putCopy gives the copy's buffer back to the pool, unless it grew too
+// large to keep.
 func (ex *exchange) putCopy() {
 	if ex.buf != nil && ex.buf.Cap() <= maxPooledCapture {
 		capturePool.Put(ex.buf)
@@ -384,7 +392,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 		res.warn().Err(ex.body.err).Hex("key_hash", res.key[:]).Int("status", ex.status).
 			Msg("upstream answer broke off mid-body; recorded without its body")
 		rec := &claim.Record{Status: ex.status, Header: recordableHeader(ex.header), BodyNotStored: true}
-		h.complete(r, lease, rec, pol.TTL, res)
+		h.complete(r, lease, rec, pol.TTL, res, ex)
 		if res.outcome == outcomeExecuted || res.outcome == outcomeTakeover {
 			res.outcome = outcomeUpstreamError
 		}
@@ -398,7 +406,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, body []byte, l
 				rec.Trailer = recordableHeader(ex.res.Trailer)
 			}
 		}
-		h.complete(r, lease, rec, pol.TTL, res)
+		h.complete(r, lease, rec, pol.TTL, res, ex)
 	}
 	if aborted {
 		panic(http.ErrAbortHandler)
@@ -422,12 +430,18 @@ func (h *Handler) forward(ex *exchange, out *http.Request) (aborted bool) {
 }
 
 // complete records the answer (claim.Lease retries it) and reports how
-// that went.
-func (h *Handler) complete(r *http.Request, lease *claim.Lease, rec *claim.Record, ttl time.Duration, res *result) {
+// that went. Once encoded, the record holds the answer: ex's copy goes, and
+// MAX_BUFFERED_BYTES counts the encoding instead while Redis takes it (up
+// to claim.CompleteBudget), not both and not neither.
+func (h *Handler) complete(r *http.Request, lease *claim.Lease, rec *claim.Record, ttl time.Duration, res *result, ex *exchange) {
 	if h.tracer != nil {
 		rec.Trace = traceRef(r.Context()) // the execution, for its replays' span links
 	}
-	err := lease.Complete(r.Context(), rec, ttl)
+	enc := rec.Encode()
+	ex.releaseCopy()
+	res.acct.force(int64(len(enc)))
+	err := lease.CompleteEncoded(r.Context(), enc, rec.Trace, ttl)
+	res.acct.give(int64(len(enc)))
 	switch {
 	case err == nil && lease.Recreated:
 		res.warn().Hex("key_hash", res.key[:]).
