@@ -254,9 +254,27 @@ func (ex *exchange) upstreamResponse(res *http.Response) {
 	ex.res = res
 	ex.headersAt = time.Now()
 	ex.body.wrap(res)
+	// The upstream's headers (up to net/http's 10 MiB) are held until the
+	// request ends, beside the answer's copy and then its encoding: counted
+	// when large (ordinary ones, as a connection's buffers, are not).
+	if n := headerBytes(res.Header); n > maxPooledCapture {
+		ex.acct.force(n)
+	}
 	if res.ContentLength > ex.max || isEventStream(res.Header.Get("Content-Type")) {
 		ex.noBody = true
 	}
+}
+
+// headerBytes is about what h holds: its names, values and value slices.
+func headerBytes(h http.Header) int64 {
+	var n int64
+	for k, vv := range h {
+		n += int64(len(k)) + 24
+		for _, v := range vv {
+			n += int64(len(v)) + 16
+		}
+	}
+	return n
 }
 
 func isEventStream(ct string) bool {
@@ -438,10 +456,13 @@ func (h *Handler) complete(r *http.Request, lease *claim.Lease, rec *claim.Recor
 		rec.Trace = traceRef(r.Context()) // the execution, for its replays' span links
 	}
 	enc := rec.Encode()
+	// Counted by what it holds (Encode sizes it by an upper bound), and
+	// before the copy's count goes: never a moment holding it uncounted.
+	held := int64(cap(enc))
+	res.acct.force(held)
 	ex.releaseCopy()
-	res.acct.force(int64(len(enc)))
 	err := lease.CompleteEncoded(r.Context(), enc, rec.Trace, ttl)
-	res.acct.give(int64(len(enc)))
+	res.acct.give(held)
 	switch {
 	case err == nil && lease.Recreated:
 		res.warn().Hex("key_hash", res.key[:]).
