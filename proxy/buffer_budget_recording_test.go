@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/claim"
@@ -19,21 +21,96 @@ import (
 	"github.com/idemproxy/idemproxy/scripts"
 )
 
-// gatedCompletes holds every complete script at a gate: it reports each on
-// reached, then waits for open to be closed.
-type gatedCompletes struct {
+// completeGate holds every complete script at a gate: it reports each, with
+// its encoding's length and capacity (complete.lua's second argument), on
+// reached, then waits for the gate to open.
+type completeGate struct {
 	redis.Scripter
 	sha     string
-	reached chan struct{}
+	reached chan [2]int
 	open    chan struct{}
+	once    *sync.Once
 }
 
-func (g gatedCompletes) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+func (g completeGate) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
 	if sha == g.sha {
-		g.reached <- struct{}{}
+		enc, _ := args[1].([]byte)
+		g.reached <- [2]int{len(enc), cap(enc)}
 		<-g.open
 	}
 	return g.Scripter.EvalSha(ctx, sha, keys, args...)
+}
+
+// release opens the gate (once; later calls do nothing).
+func (g completeGate) release() { g.once.Do(func() { close(g.open) }) }
+
+// await waits for n complete scripts at the gate and returns the sums of
+// their encodings' lengths and capacities.
+func (g completeGate) await(t *testing.T, n int) (lens, caps int) {
+	t.Helper()
+	for i := range n {
+		select {
+		case lc := <-g.reached:
+			lens += lc[0]
+			caps += lc[1]
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d of %d completions reached Redis", i, n)
+		}
+	}
+	return lens, caps
+}
+
+// gatedCompletesProxy starts a Handler on e's Redis whose complete scripts
+// wait at a gate, up to n at once. The gate opens when the test ends at the
+// latest (before the server closes, which waits for the handlers).
+func gatedCompletesProxy(t *testing.T, e *env, n int) (*httptest.Server, *prometheus.Registry, completeGate) {
+	t.Helper()
+	sum := sha1.Sum([]byte(scripts.Complete)) //nolint:gosec // see the import
+	g := completeGate{Scripter: e.rdb, sha: hex.EncodeToString(sum[:]), reached: make(chan [2]int, n), open: make(chan struct{}), once: new(sync.Once)}
+	srv, reg := storeProxy(t, e, e.opts, func(m *proxy.Metrics) *claim.Store {
+		return claim.NewStore(g, "idem:", m.ObserveScript)
+	})
+	t.Cleanup(g.release)
+	return srv, reg, g
+}
+
+// answerWith has e's upstream answer every request 200 with body, its
+// length announced.
+func answerWith(e *env, body []byte) {
+	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+		_, _ = w.Write(body)
+	})
+}
+
+// sendDropped sends n keyed requests to srv at once (keys prefix-0 to
+// prefix-<n-1>), each answer read and dropped, so that this process holds
+// nothing of it; each must be 200 with size bytes. wg waits for them.
+func sendDropped(t *testing.T, wg *sync.WaitGroup, srv *httptest.Server, prefix string, n, size int) {
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			r, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/orders", nil)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			r.Header.Set("Idempotency-Key", fmt.Sprintf("%s-%d", prefix, i))
+			resp, err := srv.Client().Do(r)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			if got, _ := io.Copy(io.Discard, resp.Body); resp.StatusCode != http.StatusOK || got != int64(size) {
+				t.Errorf("request %s-%d: status %d, %d bytes, want 200 and %d", prefix, i, resp.StatusCode, got, size)
+			}
+		}()
+	}
 }
 
 // TestBufferBudgetRecordingCounted: while Redis takes an answer's record
@@ -52,53 +129,15 @@ func TestBufferBudgetRecordingCounted(t *testing.T) {
 	for _, backend := range bothBackends { // one at a time: the heap is the process's
 		t.Run(backend, func(t *testing.T) {
 			e := budgetEnv(t, backend, 64<<20, 4<<20, 10*time.Second)
-			big := bytes.Repeat([]byte("a"), size)
-			e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
-				_, _ = io.Copy(io.Discard, r.Body)
-				w.Header().Set("Content-Length", fmt.Sprint(len(big)))
-				_, _ = w.Write(big)
-			})
-			sum := sha1.Sum([]byte(scripts.Complete)) //nolint:gosec // see the import
-			g := gatedCompletes{Scripter: e.rdb, sha: hex.EncodeToString(sum[:]), reached: make(chan struct{}, n), open: make(chan struct{})}
-			var once sync.Once
-			openGate := func() { once.Do(func() { close(g.open) }) }
-			defer openGate()
-			srv, reg := storeProxy(t, e, e.opts, func(m *proxy.Metrics) *claim.Store {
-				return claim.NewStore(g, "idem:", m.ObserveScript)
-			})
+			answerWith(e, bytes.Repeat([]byte("a"), size))
+			srv, reg, g := gatedCompletesProxy(t, e, n)
 
 			before := liveHeap()
 			var wg sync.WaitGroup
 			defer wg.Wait()
-			for i := range n {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					r, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/orders", nil)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					r.Header.Set("Idempotency-Key", fmt.Sprintf("recorded-%d", i))
-					resp, err := srv.Client().Do(r)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					defer resp.Body.Close()
-					// Read and dropped: this process holds nothing of it.
-					if got, _ := io.Copy(io.Discard, resp.Body); resp.StatusCode != http.StatusOK || got != size {
-						t.Errorf("request %d: status %d, %d bytes", i, resp.StatusCode, got)
-					}
-				}()
-			}
-			for i := range n {
-				select {
-				case <-g.reached:
-				case <-time.After(5 * time.Second):
-					t.Fatalf("%d of %d completions reached Redis", i, n)
-				}
-			}
+			defer g.release() // first: the handlers wait for it
+			sendDropped(t, &wg, srv, "recorded", n, size)
+			g.await(t, n)
 
 			grown := liveHeap() - before
 			counted := counter(t, reg, "idemproxy_buffered_bytes", nil)
@@ -110,7 +149,7 @@ func TestBufferBudgetRecordingCounted(t *testing.T) {
 				t.Errorf("idemproxy_buffered_bytes %v for %d records of %d MiB being written: the answer's copy is counted beside its encoding (or kept)", counted, n, size>>20)
 			}
 
-			openGate()
+			g.release()
 			wg.Wait()
 			got := counter(t, reg, "idemproxy_buffered_bytes", nil)
 			for deadline := time.Now().Add(2 * time.Second); got != 0 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {

@@ -1,8 +1,6 @@
 package proxy_test
 
 import (
-	"crypto/sha1" //nolint:gosec // Redis names scripts by their SHA-1
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
@@ -11,10 +9,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/scripts"
 )
 
 // TestReview68RecordingHeadersCounted: an answer's headers are held while
@@ -41,17 +35,11 @@ func TestReview68RecordingHeadersCounted(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = io.WriteString(w, "ok")
 	})
-	sum := sha1.Sum([]byte(scripts.Complete)) //nolint:gosec // see the import
-	g := gatedCompletes{Scripter: e.rdb, sha: hex.EncodeToString(sum[:]), reached: make(chan struct{}, n), open: make(chan struct{})}
-	var once sync.Once
-	openGate := func() { once.Do(func() { close(g.open) }) }
-	defer openGate()
-	srv, reg := storeProxy(t, e, e.opts, func(m *proxy.Metrics) *claim.Store {
-		return claim.NewStore(g, "idem:", m.ObserveScript)
-	})
+	srv, reg, g := gatedCompletesProxy(t, e, n)
 	before := liveHeap()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer g.release() // first: the handlers wait for it
 	for i := range n {
 		wg.Add(1)
 		go func() {
@@ -70,18 +58,12 @@ func TestReview68RecordingHeadersCounted(t *testing.T) {
 			_, _ = io.Copy(io.Discard, c)
 		}()
 	}
-	for i := range n {
-		select {
-		case <-g.reached:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%d of %d completions reached Redis", i, n)
-		}
-	}
+	g.await(t, n)
 	grown := liveHeap() - before
 	counted := counter(t, reg, "idemproxy_buffered_bytes", nil)
 	t.Logf("%d answers with %d MiB of headers being recorded: idemproxy_buffered_bytes=%v, live heap grew by %.1f MiB", n, values*each>>20, counted, float64(grown)/(1<<20))
 	if grown > int64(counted)+4<<20 {
 		t.Errorf("live heap grew by %.1f MiB while idemproxy_buffered_bytes reads %v: answers' headers held uncounted while recorded", float64(grown)/(1<<20), counted)
 	}
-	openGate()
+	g.release()
 }
