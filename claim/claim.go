@@ -481,9 +481,9 @@ func (l *Lease) Complete(ctx context.Context, rec *Record, ttl time.Duration) er
 // let go of it once it is encoded, and count the encoding instead, which
 // Redis may take up to CompleteBudget to accept.
 func (l *Lease) CompleteEncoded(ctx context.Context, enc []byte, trace string, ttl time.Duration) error {
-	// A copy: the caller's string, handed on to the script's arguments,
-	// would make the compiler move what holds it (a record's headers) to
-	// the heap.
+	// A copy: with the caller's string among the script's arguments,
+	// escape analysis would count all that the caller's record points to
+	// as escaping.
 	tr := ""
 	if isTraceContext(trace) {
 		tr = strings.Clone(trace)

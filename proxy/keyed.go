@@ -257,13 +257,17 @@ func (ex *exchange) upstreamResponse(res *http.Response) {
 	// The upstream's headers (up to net/http's 10 MiB) are held until the
 	// request ends, beside the answer's copy and then its encoding: counted
 	// when large (ordinary ones, as a connection's buffers, are not).
-	if n := headerBytes(res.Header); n > maxPooledCapture {
+	if n := headerBytes(res.Header); n > countedHeaderBytes {
 		ex.acct.force(n)
 	}
 	if res.ContentLength > ex.max || isEventStream(res.Header.Get("Content-Type")) {
 		ex.noBody = true
 	}
 }
+
+// countedHeaderBytes: an answer's headers above this are counted in
+// MAX_BUFFERED_BYTES (README: "and an answer's headers, when above 16 KiB").
+const countedHeaderBytes = 16 << 10
 
 // headerBytes is about what h holds: its names, values and value slices.
 func headerBytes(h http.Header) int64 {
