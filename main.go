@@ -80,10 +80,19 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		out = lb
 	}
 	logger := newLogger(cfg, out)
-	applyMemoryLimit(cfg, logger)
+	containerLimit := applyMemoryLimit(cfg, logger)
 	a, err := start(cfg, logger)
 	if err != nil {
 		return err
+	}
+	if containerLimit > 0 {
+		fctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			followMemoryLimit(fctx, cfg, logger, containerMemoryLimit, containerLimit, memoryLimitEvery)
+		}()
+		defer func() { stop(); <-done }() // before the log buffer closes
 	}
 	if lb != nil {
 		reportLogError(lb.Flush()) // the start line at once, not after logFlushEvery

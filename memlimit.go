@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
 	"runtime/debug"
+	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/rs/zerolog"
@@ -28,23 +30,21 @@ const proxyBaseBytes = 30 << 20
 // applied it already) or a ratio of 0 leaves the runtime as it is. It also
 // warns, for the log and /readyz, when the configured buffers and cache need
 // more than the container has.
-func applyMemoryLimit(cfg *Config, logger zerolog.Logger) {
+//
+// It returns the container's limit when it set Go's from it (0 otherwise):
+// followMemoryLimit then keeps the two together.
+func applyMemoryLimit(cfg *Config, logger zerolog.Logger) uint64 {
 	limit, err := containerMemoryLimit()
 	switch {
 	case errors.Is(err, memlimit.ErrNoLimit), err == nil && limit > math.MaxInt64:
 		logger.Debug().Msg("no container memory limit: Go's memory limit left as it is")
-		return
+		return 0
 	case err != nil:
 		logger.Info().Err(err).Msg("container memory limit unknown: Go's memory limit left as it is (GOMEMLIMIT sets one)")
-		return
+		return 0
 	}
-	// In floating point: MAX_BUFFERED_BYTES has no upper bound, and twice a
-	// value set "out of the way" would wrap in int64.
-	need := 2*float64(cfg.MaxBufferedBytes) + float64(cfg.ReplayCacheBytes) + proxyBaseBytes
-	if float64(limit) < need {
-		cfg.warnings = append(cfg.warnings, fmt.Sprintf(
-			"MAX_BUFFERED_BYTES=%d and REPLAY_CACHE_BYTES=%d need about %.0f MiB (twice the first, the second and 30 MiB), more than the container's memory limit of %d MiB: under load the process may be killed, with every claim it holds in flight; raise the limit or lower them",
-			cfg.MaxBufferedBytes, cfg.ReplayCacheBytes, math.Ceil(need/(1<<20)), limit>>20))
+	if msg := memoryShortfall(cfg, limit); msg != "" {
+		cfg.warnings = append(cfg.warnings, msg)
 	}
 	// gomemlimit is always the limit in force, in bytes (a number: log
 	// stores fix a field's type by its first value); GOMEMLIMIT as given,
@@ -64,5 +64,60 @@ func applyMemoryLimit(cfg *Config, logger zerolog.Logger) {
 		debug.SetMemoryLimit(set)
 		ev.Int64("gomemlimit", set).Float64("ratio", cfg.GoMemLimitRatio).
 			Msg("Go's memory limit set from the container's (GOMEMLIMIT_RATIO)")
+		return limit
+	}
+	return 0
+}
+
+// memoryShortfall is the warning for a container whose memory limit is
+// below what the buffers and the cache may need; "" when it is not.
+func memoryShortfall(cfg *Config, limit uint64) string {
+	// In floating point: MAX_BUFFERED_BYTES has no upper bound, and twice a
+	// value set "out of the way" would wrap in int64.
+	need := 2*float64(cfg.MaxBufferedBytes) + float64(cfg.ReplayCacheBytes) + proxyBaseBytes
+	if float64(limit) >= need {
+		return ""
+	}
+	return fmt.Sprintf(
+		"MAX_BUFFERED_BYTES=%d and REPLAY_CACHE_BYTES=%d need about %.0f MiB (twice the first, the second and 30 MiB), more than the container's memory limit of %d MiB: under load the process may be killed, with every claim it holds in flight; raise the limit or lower them",
+		cfg.MaxBufferedBytes, cfg.ReplayCacheBytes, math.Ceil(need/(1<<20)), limit>>20)
+}
+
+// memoryLimitEvery is how often followMemoryLimit reads the container's
+// limit: a few small files, and a resize is followed within it. A variable
+// so that a test need not wait for it.
+var memoryLimitEvery = 30 * time.Second
+
+// followMemoryLimit reads the container's memory limit (read, a stand-in
+// for containerMemoryLimit) every interval until ctx ends, and moves Go's
+// memory limit with it when it changes: Kubernetes resizes a running pod's
+// memory in place (stable since 1.35), and a limit read only at start
+// stays above a lowered one, where the process is killed under load with
+// every claim it holds in flight, or below a raised one, where the
+// collector works for nothing. last is the limit applyMemoryLimit read;
+// only a limit it set from the container's is followed. A read that fails
+// or finds no limit leaves Go's as it is.
+func followMemoryLimit(ctx context.Context, cfg *Config, logger zerolog.Logger, read func() (uint64, error), last uint64, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		limit, err := read()
+		if err != nil || limit > math.MaxInt64 || limit == last {
+			continue
+		}
+		set := int64(float64(limit) * cfg.GoMemLimitRatio)
+		debug.SetMemoryLimit(set)
+		logger.Info().Uint64("container_memory_limit", limit).Uint64("previous_container_memory_limit", last).
+			Int64("gomemlimit", set).Float64("ratio", cfg.GoMemLimitRatio).
+			Msg("container memory limit changed (a pod resized in place): Go's memory limit follows it")
+		if msg := memoryShortfall(cfg, limit); msg != "" {
+			logger.Warn().Msg(msg)
+		}
+		last = limit
 	}
 }

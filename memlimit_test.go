@@ -1,12 +1,16 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/rs/zerolog"
@@ -99,10 +103,14 @@ func TestApplyMemoryLimit(t *testing.T) {
 				t.Fatal(err)
 			}
 			var logs testutil.SyncBuffer
-			applyMemoryLimit(cfg, zerolog.New(&logs).Level(zerolog.InfoLevel))
+			follow := applyMemoryLimit(cfg, zerolog.New(&logs).Level(zerolog.InfoLevel))
 			want := tt.want
+			wantFollow := tt.limit // followed when set from the container's
 			if want == -1 {
-				want = before
+				want, wantFollow = before, 0
+			}
+			if follow != wantFollow {
+				t.Errorf("applyMemoryLimit returned %d, want %d (the container's limit when Go's was set from it, else 0)", follow, wantFollow)
 			}
 			if got := debug.SetMemoryLimit(-1); got != want {
 				t.Errorf("Go's memory limit %d, want %d", got, want)
@@ -159,5 +167,123 @@ func TestRunAppliesMemoryLimit(t *testing.T) {
 	}
 	if log := stdout.String(); !strings.Contains(log, `"container_memory_limit":104857600`) || !strings.Contains(log, "more than the container's memory limit") {
 		t.Errorf("start log lacks the memory limit or its warning:\n%s", log)
+	}
+}
+
+// resizable stands in for a container whose memory limit changes (a pod
+// resized in place): limit is what the next read finds, fail makes it
+// fail, and reads counts them.
+type resizable struct {
+	limit atomic.Uint64
+	fail  atomic.Bool
+	reads atomic.Int64
+}
+
+func (c *resizable) read() (uint64, error) {
+	c.reads.Add(1)
+	if c.fail.Load() {
+		return 0, errors.New("open /sys/fs/cgroup/memory.max: no such file or directory")
+	}
+	return c.limit.Load(), nil
+}
+
+// atDefaultRatio is Go's memory limit for a container limit at
+// GOMEMLIMIT_RATIO's default, as applyMemoryLimit computes it.
+func atDefaultRatio(limit uint64) int64 { return int64(float64(limit) * 0.9) }
+
+// waitFor polls cond every millisecond for up to 2s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 2s", what)
+		}
+	}
+}
+
+// TestFollowMemoryLimit: a container whose memory limit changes while the
+// proxy runs (Kubernetes resizes pods in place) has Go's memory limit moved
+// with it, at GOMEMLIMIT_RATIO, logged with the old and new limits; a
+// shortfall for the buffers is warned of then as at start; a read that
+// fails changes nothing; and the follower stops with its context.
+func TestFollowMemoryLimit(t *testing.T) {
+	const gib = 1 << 30
+	inContainer(t, 64*gib, nil) // puts Go's memory limit back after the test
+	cfg, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9000", "MAX_BUFFERED_BYTES=" + fmt.Sprint(20*gib)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs testutil.SyncBuffer
+	logger := zerolog.New(&logs).Level(zerolog.InfoLevel)
+	c := &resizable{}
+	c.limit.Store(64 * gib)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		followMemoryLimit(ctx, cfg, logger, c.read, 64*gib, time.Millisecond)
+	}()
+
+	c.limit.Store(48 * gib)
+	want := atDefaultRatio(48 * gib)
+	waitFor(t, "Go's memory limit at 0.9 of the lowered container limit", func() bool { return debug.SetMemoryLimit(-1) == want })
+	waitFor(t, "the change logged", func() bool { return strings.Contains(logs.String(), "Go's memory limit follows it") })
+	if out := logs.String(); !strings.Contains(out, `"container_memory_limit":51539607552,"previous_container_memory_limit":68719476736,"gomemlimit":`+fmt.Sprint(want)) ||
+		strings.Contains(out, "MAX_BUFFERED_BYTES=") {
+		t.Errorf("log %q: want the change with both limits and Go's, and no shortfall (40 GiB needed, 48 GiB there)", out)
+	}
+
+	c.fail.Store(true)
+	n := c.reads.Load()
+	waitFor(t, "three failed reads", func() bool { return c.reads.Load() >= n+3 })
+	if got := debug.SetMemoryLimit(-1); got != want {
+		t.Errorf("Go's memory limit %d after failed reads, want it left at %d", got, want)
+	}
+	c.fail.Store(false)
+
+	c.limit.Store(32 * gib)
+	waitFor(t, "the lowered limit followed", func() bool { return debug.SetMemoryLimit(-1) == atDefaultRatio(32*gib) })
+	waitFor(t, "the shortfall warned of", func() bool {
+		return strings.Contains(logs.String(), `"level":"warn","message":"MAX_BUFFERED_BYTES=21474836480 and REPLAY_CACHE_BYTES=16777216 need about`)
+	})
+
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
+		t.Fatal("followMemoryLimit did not return within 2s of its context's end")
+	}
+}
+
+// TestRunFollowsMemoryLimit: run starts the follower when it set Go's memory
+// limit from the container's, and stops it when it returns.
+func TestRunFollowsMemoryLimit(t *testing.T) {
+	const gib = 1 << 30
+	inContainer(t, 0, nil)
+	c := &resizable{}
+	c.limit.Store(64 * gib)
+	containerMemoryLimit = c.read
+	prev := memoryLimitEvery
+	memoryLimitEvery = time.Millisecond
+	t.Cleanup(func() { memoryLimitEvery = prev })
+
+	var stdout testutil.SyncBuffer
+	p := startRun(t, &stdout)
+	if got, want := debug.SetMemoryLimit(-1), atDefaultRatio(64*gib); got != want {
+		t.Fatalf("Go's memory limit %d at start, want %d", got, want)
+	}
+	c.limit.Store(80 * gib)
+	waitFor(t, "Go's memory limit at 0.9 of the raised container limit", func() bool { return debug.SetMemoryLimit(-1) == atDefaultRatio(80*gib) })
+	if err := p.stop(); err != nil {
+		t.Fatal(err)
+	}
+	n := c.reads.Load()
+	c.limit.Store(72 * gib)
+	for i := 0; i < 20 && c.reads.Load() == n; i++ {
+		time.Sleep(time.Millisecond) // reads after run returned would count here
+	}
+	if got := c.reads.Load(); got != n {
+		t.Errorf("%d reads of the container's limit after run returned: the follower outlived it", got-n)
 	}
 }
