@@ -85,7 +85,9 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
-	if containerLimit > 0 {
+	// Followed whenever GOMEMLIMIT_RATIO is in force, a limit found at start
+	// or not: a limit may be added in place, and a first read may fail.
+	if cfg.goMemLimit == "" && cfg.GoMemLimitRatio != 0 {
 		fctx, stop := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() {

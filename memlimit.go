@@ -94,12 +94,14 @@ var memoryLimitEvery = 30 * time.Second
 // memory in place (stable since 1.35), and a limit read only at start
 // stays above a lowered one, where the process is killed under load with
 // every claim it holds in flight, or below a raised one, where the
-// collector works for nothing. last is the limit applyMemoryLimit read;
-// only a limit it set from the container's is followed. A read that fails
-// or finds no limit leaves Go's as it is.
+// collector works for nothing. last is the limit applyMemoryLimit set
+// Go's from, 0 when it found none (a limit added later is followed too).
+// A read that fails or finds no limit (or 0) leaves Go's as it is; the
+// first failure of a run of them is logged, and the first read after.
 func followMemoryLimit(ctx context.Context, cfg *Config, logger zerolog.Logger, read func() (uint64, error), last uint64, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	unreadable := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -107,7 +109,17 @@ func followMemoryLimit(ctx context.Context, cfg *Config, logger zerolog.Logger, 
 		case <-t.C:
 		}
 		limit, err := read()
-		if err != nil || limit > math.MaxInt64 || limit == last {
+		// A follower that cannot read is said once, and its recovery: not
+		// every 30 s, and not never.
+		failed := err != nil && !errors.Is(err, memlimit.ErrNoLimit)
+		switch {
+		case failed && !unreadable:
+			logger.Warn().Err(err).Msg("container memory limit unreadable: Go's memory limit stays as it is until a read succeeds")
+		case !failed && unreadable:
+			logger.Info().Msg("container memory limit readable again")
+		}
+		unreadable = failed
+		if err != nil || limit == 0 || limit > math.MaxInt64 || limit == last {
 			continue
 		}
 		set := int64(float64(limit) * cfg.GoMemLimitRatio)

@@ -171,33 +171,63 @@ func TestRunAppliesMemoryLimit(t *testing.T) {
 }
 
 // resizable stands in for a container whose memory limit changes (a pod
-// resized in place): limit is what the next read finds, fail makes it
-// fail, and reads counts them.
+// resized in place): a read finds limit, or returns the error set by
+// fail; reads counts them.
 type resizable struct {
 	limit atomic.Uint64
-	fail  atomic.Bool
+	err   atomic.Pointer[error]
 	reads atomic.Int64
 }
 
 func (c *resizable) read() (uint64, error) {
 	c.reads.Add(1)
-	if c.fail.Load() {
-		return 0, errors.New("open /sys/fs/cgroup/memory.max: no such file or directory")
+	if e := c.err.Load(); e != nil {
+		return 0, *e
 	}
 	return c.limit.Load(), nil
+}
+
+// fail makes the reads return err (nil: the limit again).
+func (c *resizable) fail(err error) {
+	if err == nil {
+		c.err.Store(nil)
+		return
+	}
+	c.err.Store(&err)
+}
+
+// fastFollow makes run's follower read c every millisecond, and puts
+// containerMemoryLimit, memoryLimitEvery and Go's memory limit back after
+// the test.
+func fastFollow(t *testing.T, c *resizable) {
+	t.Helper()
+	inContainer(t, 0, nil)
+	containerMemoryLimit = c.read
+	prev := memoryLimitEvery
+	memoryLimitEvery = time.Millisecond
+	t.Cleanup(func() { memoryLimitEvery = prev })
 }
 
 // atDefaultRatio is Go's memory limit for a container limit at
 // GOMEMLIMIT_RATIO's default, as applyMemoryLimit computes it.
 func atDefaultRatio(limit uint64) int64 { return int64(float64(limit) * 0.9) }
 
-// waitFor polls cond every millisecond for up to 2s.
+// until polls cond every millisecond for up to d, and reports whether it
+// came true.
+func until(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
+}
+
+// waitFor fails t unless cond comes true within 2s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(2 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 2s", what)
-		}
+	if !until(2*time.Second, cond) {
+		t.Fatalf("%s: not within 2s", what)
 	}
 }
 
@@ -234,13 +264,19 @@ func TestFollowMemoryLimit(t *testing.T) {
 		t.Errorf("log %q: want the change with both limits and Go's, and no shortfall (40 GiB needed, 48 GiB there)", out)
 	}
 
-	c.fail.Store(true)
+	c.fail(errors.New("open /sys/fs/cgroup/memory.max: no such file or directory"))
 	n := c.reads.Load()
 	waitFor(t, "three failed reads", func() bool { return c.reads.Load() >= n+3 })
 	if got := debug.SetMemoryLimit(-1); got != want {
 		t.Errorf("Go's memory limit %d after failed reads, want it left at %d", got, want)
 	}
-	c.fail.Store(false)
+	c.fail(nil)
+	n = c.reads.Load()
+	waitFor(t, "three good reads", func() bool { return c.reads.Load() >= n+3 })
+	if out := logs.String(); strings.Count(out, "container memory limit unreadable") != 1 || !strings.Contains(out, "memory.max: no such file") ||
+		strings.Count(out, "container memory limit readable again") != 1 {
+		t.Errorf("log %q: want the first failed read logged once, with its error, and the recovery once", out)
+	}
 
 	c.limit.Store(32 * gib)
 	waitFor(t, "the lowered limit followed", func() bool { return debug.SetMemoryLimit(-1) == atDefaultRatio(32*gib) })
@@ -260,13 +296,9 @@ func TestFollowMemoryLimit(t *testing.T) {
 // limit from the container's, and stops it when it returns.
 func TestRunFollowsMemoryLimit(t *testing.T) {
 	const gib = 1 << 30
-	inContainer(t, 0, nil)
 	c := &resizable{}
 	c.limit.Store(64 * gib)
-	containerMemoryLimit = c.read
-	prev := memoryLimitEvery
-	memoryLimitEvery = time.Millisecond
-	t.Cleanup(func() { memoryLimitEvery = prev })
+	fastFollow(t, c)
 
 	var stdout testutil.SyncBuffer
 	p := startRun(t, &stdout)
