@@ -111,7 +111,8 @@ func followMemoryLimit(ctx context.Context, cfg *Config, logger zerolog.Logger, 
 		limit, err := read()
 		// A follower that cannot read is said once, and its recovery: not
 		// every 30 s, and not never.
-		failed := err != nil && !errors.Is(err, memlimit.ErrNoLimit)
+		failed := err != nil && !errors.Is(err, memlimit.ErrNoLimit) &&
+			!errors.Is(err, memlimit.ErrNoCgroup) && !errors.Is(err, memlimit.ErrCgroupsNotSupported) // no container, not a failure
 		switch {
 		case failed && !unreadable:
 			logger.Warn().Err(err).Msg("container memory limit unreadable: Go's memory limit stays as it is until a read succeeds")

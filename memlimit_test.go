@@ -273,9 +273,21 @@ func TestFollowMemoryLimit(t *testing.T) {
 	c.fail(nil)
 	n = c.reads.Load()
 	waitFor(t, "three good reads", func() bool { return c.reads.Load() >= n+3 })
+	// No container (not Linux, no cgroup) or no limit is no failure.
+	for _, err := range []error{memlimit.ErrNoLimit, memlimit.ErrNoCgroup, memlimit.ErrCgroupsNotSupported} {
+		c.fail(err)
+		n = c.reads.Load()
+		waitFor(t, "three reads finding no limit", func() bool { return c.reads.Load() >= n+3 })
+	}
+	c.fail(nil)
+	n = c.reads.Load()
+	waitFor(t, "three good reads", func() bool { return c.reads.Load() >= n+3 })
 	if out := logs.String(); strings.Count(out, "container memory limit unreadable") != 1 || !strings.Contains(out, "memory.max: no such file") ||
 		strings.Count(out, "container memory limit readable again") != 1 {
-		t.Errorf("log %q: want the first failed read logged once, with its error, and the recovery once", out)
+		t.Errorf("log %q: want the first failed read logged once, with its error, and the recovery once; no container or no limit, nothing", out)
+	}
+	if got := debug.SetMemoryLimit(-1); got != want {
+		t.Errorf("Go's memory limit %d after reads that found no limit, want it left at %d", got, want)
 	}
 
 	c.limit.Store(32 * gib)
