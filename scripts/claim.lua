@@ -100,7 +100,7 @@ end
 -- Empty fields read as absent (false), as HMGET reads a missing hash field.
 -- rec can be megabytes, and every copy of it in Lua is one more of its size in
 -- Lua's heap: dec leaves it where it is and says where it starts; setString
--- appends a large one with APPEND instead of concatenating it. Each table
+-- writes a large one with SETRANGE instead of concatenating it. Each table
 -- and string a script makes is Lua garbage that Redis collects on its own
 -- time, so the paths every request takes (claim.lua's SET NX, complete.lua's
 -- in-flight record) build their strings directly, without dec or enc.
@@ -137,13 +137,18 @@ local function enc(r)
   return 'R2' .. string.char(#st, #tok, #fp, #up, #at, #ld, #ct, #tr) .. st .. tok .. fp .. up .. at .. ld .. ct .. tr
 end
 -- setString writes head (an encoded record without rec) and rec as key's
--- string for ttl ms.
+-- string for ttl ms. A large rec goes in by SETRANGE on no key, which
+-- allocates the string's exact length; not by APPEND, which grows it
+-- greedily (up to twice its length, 1 MiB more above 1 MiB) and keeps that
+-- for the record's life.
 local function setString(key, head, rec, ttl)
   if #rec <= 65536 then
     redis.call('SET', key, head .. rec, 'PX', ttl)
   else
-    redis.call('SET', key, head, 'PX', ttl)
-    redis.call('APPEND', key, rec)
+    redis.call('DEL', key)
+    redis.call('SETRANGE', key, #head, rec)
+    redis.call('SETRANGE', key, 0, head)
+    redis.call('PEXPIRE', key, ttl)
   end
 end
 local function notrecord()
