@@ -71,6 +71,8 @@ type redisCounters struct {
 	reads    int64            // total_reads_processed: socket reads, each carrying one or more commands
 	commands int64            // total_commands_processed, commands run inside scripts included
 	calls    map[string]int64 // INFO commandstats calls per command
+	memory   int64            // used_memory: bytes the allocator gave Redis
+	keys     int64            // keys in db0 (INFO keyspace; 0 when empty)
 }
 
 // readRedisCounters reads them with one INFO, so that a snapshot adds one
@@ -95,6 +97,14 @@ func parseRedisCounters(info string) (redisCounters, error) {
 			return c, fmt.Errorf("redis INFO: %s is %q", f.name, v)
 		}
 		*f.v = n
+	}
+	// Absent before Redis's first allocation report (never) or, for keys,
+	// while db0 is empty: 0 then, not an error.
+	c.memory, _ = strconv.ParseInt(redisInfoField(info, "used_memory"), 10, 64)
+	for _, kv := range strings.Split(redisInfoField(info, "db0"), ",") {
+		if v, ok := strings.CutPrefix(kv, "keys="); ok {
+			c.keys, _ = strconv.ParseInt(v, 10, 64)
+		}
 	}
 	return c, nil
 }

@@ -113,7 +113,7 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 			}
 			below = append(below, extra)
 			if c := cmdsLine(r.idem); c != "" {
-				cmds = append(cmds, fmt.Sprintf("%-6s delay %-4s %s%s", r.workload, delay, c, readsLine(r.idem)))
+				cmds = append(cmds, fmt.Sprintf("%-6s delay %-4s %s%s%s", r.workload, delay, c, readsLine(r.idem), keyBytesLine(r.idem)))
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s/bare\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t\t\t\t\n", r.workload, delay, idemName,
 				rs["req/s"], rs["p50"], rs["p99"], rs["cpu"], rs["rss"])
@@ -136,7 +136,7 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 				}
 				below = append(below, fmt.Sprintf("%-6s delay %-4s req/s ratio to bare per round, idem/%s: %s", r.workload, delay, ceilName, strings.Join(pairs, " ")))
 				if c := cmdsLine(r.ceil); c != "" {
-					cmds = append(cmds, fmt.Sprintf("%-6s delay %-4s %s: %s%s", r.workload, delay, ceilName, c, readsLine(r.ceil)))
+					cmds = append(cmds, fmt.Sprintf("%-6s delay %-4s %s: %s%s%s", r.workload, delay, ceilName, c, readsLine(r.ceil), keyBytesLine(r.ceil)))
 				}
 			}
 		}
@@ -153,7 +153,8 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 		}
 		if len(cmds) > 0 {
 			fmt.Fprintln(w, "\nRedis commands per request through "+idemName+" (INFO commandstats, medians; calls made inside Lua scripts count too),")
-			fmt.Fprintln(w, "and Redis socket reads per request (INFO stats total_reads_processed; each read carries one command or a pipelined batch):")
+			fmt.Fprintln(w, "Redis socket reads per request (INFO stats total_reads_processed; each read carries one command or a pipelined batch),")
+			fmt.Fprintln(w, "and Redis memory per key the measured window added, where it added keys (INFO used_memory over db0's keys; each holds the upstream's ~200-byte answer):")
 			for _, l := range cmds {
 				fmt.Fprintln(w, "  "+l)
 			}
@@ -313,6 +314,16 @@ func readsLine(ss []sample) string {
 		return n
 	})
 	return fmt.Sprintf("; reads %.2f (%.1f commands per read)", reads, cmds/reads)
+}
+
+// keyBytesLine gives the median Redis memory per key added in the window
+// ("" when no round added keys: a replay adds none).
+func keyBytesLine(ss []sample) string {
+	b := median(ss, func(s sample) float64 { return s.redisKeyBytes })
+	if b <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %.0f B of Redis memory per new key", b)
 }
 
 // eventWorkloadsLine describes the requests of the event workloads selected,

@@ -460,13 +460,18 @@ func TestOtherBenches(t *testing.T) {
 
 func TestParseRedisCounters(t *testing.T) {
 	info := "# Stats\r\ntotal_connections_received:3\r\ntotal_commands_processed:427111\r\ninstantaneous_ops_per_sec:0\r\n" +
-		"total_reads_processed:31669\r\n\r\n# Commandstats\r\ncmdstat_evalsha:calls=12,usec=30,usec_per_call=2.50,rejected_calls=0,failed_calls=0\r\n"
+		"total_reads_processed:31669\r\n\r\n# Memory\r\nused_memory:1043840\r\nused_memory_human:1019.38K\r\n\r\n" +
+		"# Commandstats\r\ncmdstat_evalsha:calls=12,usec=30,usec_per_call=2.50,rejected_calls=0,failed_calls=0\r\n\r\n" +
+		"# Keyspace\r\ndb0:keys=4000,expires=3999,avg_ttl=86395716\r\n"
 	got, err := parseRedisCounters(info)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.reads != 31669 || got.commands != 427111 || got.calls["evalsha"] != 12 {
+	if got.reads != 31669 || got.commands != 427111 || got.calls["evalsha"] != 12 || got.memory != 1043840 || got.keys != 4000 {
 		t.Errorf("got %+v", got)
+	}
+	if got, err := parseRedisCounters("total_reads_processed:1\r\ntotal_commands_processed:1\r\nused_memory:5\r\n"); err != nil || got.keys != 0 {
+		t.Errorf("an empty db0 (no keyspace line): got %+v, %v; want 0 keys and no error", got, err)
 	}
 	if _, err := parseRedisCounters("# Stats\r\ntotal_commands_processed:1\r\n"); err == nil {
 		t.Error("no total_reads_processed (a Redis before 6.0): no error")
@@ -484,6 +489,16 @@ func TestReadsLine(t *testing.T) {
 	}
 	if got := readsLine([]sample{{redisCmds: map[string]float64{"evalsha": 2}}}); got != "" {
 		t.Errorf("no reads: got %q, want none", got)
+	}
+}
+
+func TestKeyBytesLine(t *testing.T) {
+	ss := []sample{{redisKeyBytes: 1100}, {redisKeyBytes: 1112.4}, {redisKeyBytes: 1300}}
+	if got, want := keyBytesLine(ss), "; 1112 B of Redis memory per new key"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if got := keyBytesLine([]sample{{}, {}}); got != "" {
+		t.Errorf("no keys added (replays): got %q, want none", got)
 	}
 }
 
