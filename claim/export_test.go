@@ -1,6 +1,9 @@
 package claim
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // The tests watch purges with a probe every 2 s instead of every 10 s, so
 // that idleness and a switched master take seconds to show. Set before any
@@ -9,3 +12,9 @@ func init() { purgeProbeEvery = 2 * time.Second }
 
 // PurgeProbeEvery is the probe period the tests run with.
 func PurgeProbeEvery() time.Duration { return purgeProbeEvery }
+
+// CompleteOnce is one attempt of Complete, without its retries: a test of a
+// refused completion need not wait out CompleteBudget.
+func (l *Lease) CompleteOnce(ctx context.Context, rec *Record, ttl time.Duration) error {
+	return l.completeOnce(ctx, rec.Encode(), ttl, "c", "")
+}

@@ -59,3 +59,31 @@ func TestLargeRecordTakesItsSize(t *testing.T) {
 		}
 	}
 }
+
+// TestLargeRecordIgnoresLeftoverScratch: a large string record is built in a
+// scratch key that no script leaves behind. Were one there (a bug, or a
+// hand-made key), SETRANGE would write over its bytes and keep its tail:
+// the record must come out exact all the same.
+func TestLargeRecordIgnoresLeftoverScratch(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	s := claim.NewStore(rdb, "scr:", nil, claim.StringRecords(true))
+	k := claim.NewKey(nil, "leftover")
+	terms := claim.Terms{LockTTL: time.Minute, TTL: time.Hour}
+	lease, _, err := s.Acquire(ctx, k, fp("A"), terms)
+	if err != nil || lease == nil {
+		t.Fatalf("claim: %v, %v", lease, err)
+	}
+	scratch := recordKey("scr:", k) + ":w"
+	rdb.Set(ctx, scratch, bytes.Repeat([]byte("!"), 300<<10), 0)
+	rec := &claim.Record{Status: 201, Body: bytes.Repeat([]byte("0123456789abcdef"), 100<<10/16)}
+	if err := lease.Complete(ctx, rec, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, got, err := s.Acquire(ctx, k, fp("A"), terms); err != nil || got == nil || !bytes.Equal(got.Body, rec.Body) {
+		t.Errorf("replay after a leftover scratch key: %v, %v; want the recorded answer", got != nil, err)
+	}
+	if n := rdb.Exists(ctx, scratch).Val(); n != 0 {
+		t.Errorf("the scratch key is left behind")
+	}
+}

@@ -137,19 +137,28 @@ local function enc(r)
   return 'R2' .. string.char(#st, #tok, #fp, #up, #at, #ld, #ct, #tr) .. st .. tok .. fp .. up .. at .. ld .. ct .. tr
 end
 -- setString writes head (an encoded record without rec) and rec as key's
--- string for ttl ms. A large rec goes in by SETRANGE on no key, which
--- allocates the string's exact length; not by APPEND, which grows it
--- greedily (up to twice its length, 1 MiB more above 1 MiB) and keeps that
--- for the record's life.
-local function setString(key, head, rec, ttl)
+-- string for ttl ms. A rec over 64 KiB is written without a copy in Lua, to
+-- scratch (a key no script leaves behind, in key's slot) by SETRANGE, which
+-- on no key allocates the exact length (APPEND grows a string greedily, up
+-- to twice its length or 1 MiB more, for the record's life), then renamed
+-- over key. That SETRANGE is the script's first write: one that Redis
+-- refuses over maxmemory or proto-max-bulk-len refuses before anything
+-- has changed (the claim stays in flight, as when SET is refused).
+local function setString(key, head, rec, ttl, scratch)
   if #rec <= 65536 then
     redis.call('SET', key, head .. rec, 'PX', ttl)
-  else
-    redis.call('DEL', key)
-    redis.call('SETRANGE', key, #head, rec)
-    redis.call('SETRANGE', key, 0, head)
-    redis.call('PEXPIRE', key, ttl)
+    return
   end
+  if not scratch then
+    error({err = 'idemproxy: a string record over 64 KiB needs a scratch key'})
+  end
+  if redis.call('EXISTS', scratch) == 1 then
+    redis.call('DEL', scratch)
+  end
+  redis.call('SETRANGE', scratch, #head, rec)
+  redis.call('SETRANGE', scratch, 0, head)
+  redis.call('PEXPIRE', scratch, ttl)
+  redis.call('RENAME', scratch, key)
 end
 local function notrecord()
   return redis.error_reply('idemproxy: ' .. KEYS[1] .. ' holds a string that is not a record')

@@ -1,6 +1,9 @@
 -- complete.lua: record the outcome of a claim, if the claim is still ours.
 --
 -- KEYS[1]  record key  <prefix>{<hash>} (fields: see claim.lua)
+-- KEYS[2]  scratch     <prefix>{<hash>}:w, where a string record with a record
+--                      (ARGV[2]) over 64 KiB is built before it is renamed over
+--                      KEYS[1]; given only then, and never left behind
 -- ARGV[1]  token       the claimant's token
 -- ARGV[2]  record      'c': the encoded response (binary-safe); 'u': the status answered
 -- ARGV[3]  TTL         ms; how long the record is kept (and replayed)
@@ -43,20 +46,14 @@ if S then
     local _, b, c, d, f, g, h, i = string.byte(e, 3, 10)
     local ldEnd = 11 + b + c + d + f + g
     local ld = i and g > 0 and tonumber(string.sub(e, ldEnd - g + 1, ldEnd))
-    if ld and h == 0 and i == 0 and #e == ldEnd and string.sub(e, 12, 11 + b) == ARGV[1] then
+    -- (An answer over 64 KiB goes to the general path's setString.)
+    if ld and h == 0 and i == 0 and #e == ldEnd and #ARGV[2] <= 65536 and string.sub(e, 12, 11 + b) == ARGV[1] then
       local t = redis.call('TIME')
       local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
       local ct = string.format('%d', now)
       local head = 'R2' .. string.char(1, b, c, d, f, g, #ct, #ARGV[7]) .. ARGV[6] .. string.sub(e, 12, ldEnd) .. ct ..
         ARGV[7]
-      if #ARGV[2] <= 65536 then -- as setString does
-        redis.call('SET', KEYS[1], head .. ARGV[2], 'PX', ARGV[3])
-      else
-        redis.call('DEL', KEYS[1])
-        redis.call('SETRANGE', KEYS[1], #head, ARGV[2])
-        redis.call('SETRANGE', KEYS[1], 0, head)
-        redis.call('PEXPIRE', KEYS[1], ARGV[3])
-      end
+      redis.call('SET', KEYS[1], head .. ARGV[2], 'PX', ARGV[3])
       if ld <= now then
         return {'ok', 'late'}
       end
@@ -125,19 +122,28 @@ local function enc(r)
   return 'R2' .. string.char(#st, #tok, #fp, #up, #at, #ld, #ct, #tr) .. st .. tok .. fp .. up .. at .. ld .. ct .. tr
 end
 -- setString writes head (an encoded record without rec) and rec as key's
--- string for ttl ms. A large rec goes in by SETRANGE on no key, which
--- allocates the string's exact length; not by APPEND, which grows it
--- greedily (up to twice its length, 1 MiB more above 1 MiB) and keeps that
--- for the record's life.
-local function setString(key, head, rec, ttl)
+-- string for ttl ms. A rec over 64 KiB is written without a copy in Lua, to
+-- scratch (a key no script leaves behind, in key's slot) by SETRANGE, which
+-- on no key allocates the exact length (APPEND grows a string greedily, up
+-- to twice its length or 1 MiB more, for the record's life), then renamed
+-- over key. That SETRANGE is the script's first write: one that Redis
+-- refuses over maxmemory or proto-max-bulk-len refuses before anything
+-- has changed (the claim stays in flight, as when SET is refused).
+local function setString(key, head, rec, ttl, scratch)
   if #rec <= 65536 then
     redis.call('SET', key, head .. rec, 'PX', ttl)
-  else
-    redis.call('DEL', key)
-    redis.call('SETRANGE', key, #head, rec)
-    redis.call('SETRANGE', key, 0, head)
-    redis.call('PEXPIRE', key, ttl)
+    return
   end
+  if not scratch then
+    error({err = 'idemproxy: a string record over 64 KiB needs a scratch key'})
+  end
+  if redis.call('EXISTS', scratch) == 1 then
+    redis.call('DEL', scratch)
+  end
+  redis.call('SETRANGE', scratch, #head, rec)
+  redis.call('SETRANGE', scratch, 0, head)
+  redis.call('PEXPIRE', scratch, ttl)
+  redis.call('RENAME', scratch, key)
 end
 local function notrecord()
   return redis.error_reply('idemproxy: ' .. KEYS[1] .. ' holds a string that is not a record')
@@ -189,7 +195,7 @@ local tr = ARGV[7] ~= '' and ARGV[7]
 -- put writes record r whole, in the form this replica writes, for ttl ms.
 local function put(r, ttl)
   if S then
-    setString(KEYS[1], enc(r), r.rec or '', ttl)
+    setString(KEYS[1], enc(r), r.rec or '', ttl, KEYS[2])
     return
   end
   if kind == 's' then
