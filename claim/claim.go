@@ -309,16 +309,6 @@ func (s *Store) keys(k Key) []string {
 // markKey is the claim mark beside record key rec (see keys).
 func markKey(rec string) string { return rec + ":m" }
 
-// scratchKey is where complete.lua builds a string record whose encoded
-// answer is over largeStringRecord bytes, before renaming it over rec; no
-// script leaves it behind. It is passed only then (each first request
-// would otherwise build it for nothing).
-func scratchKey(rec string) string { return rec + ":w" }
-
-// largeStringRecord is the scripts' setString threshold (64 KiB): a record
-// over it is written by SETRANGE to scratchKey.
-const largeStringRecord = 65536
-
 // RecordKey is the Redis key of k's record under prefix (KEY_PREFIX).
 func RecordKey(prefix string, k Key) string {
 	var buf [2 * sha256.Size]byte
@@ -551,11 +541,7 @@ func (l *Lease) record(ctx context.Context, enc []byte, ttl time.Duration, state
 
 func (l *Lease) completeOnce(ctx context.Context, enc []byte, ttl time.Duration, state, tr string) error {
 	start := time.Now()
-	keys := l.keys[:1]
-	if len(enc) > largeStringRecord {
-		keys = []string{l.keys[0], scratchKey(l.keys[0])}
-	}
-	v, acked, err := l.store.run(ctx, completeScript, keys, l.token, enc, ms(ttl), l.fp[:], l.store.upstream, state, tr, l.store.format)
+	v, acked, err := l.store.run(ctx, completeScript, l.keys[:1], l.token, enc, ms(ttl), l.fp[:], l.store.upstream, state, tr, l.store.format)
 	op := OpComplete
 	if state == "u" {
 		op = OpHold

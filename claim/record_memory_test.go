@@ -24,7 +24,7 @@ func TestLargeRecordTakesItsSize(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	for _, f := range forms {
-		for _, size := range []int{100 << 10, 1536 << 10} {
+		for _, size := range []int{100 << 10, 1536 << 10, 9 << 20} {
 			for _, lost := range []bool{false, true} {
 				name := fmt.Sprintf("%s/%dKiB/lost=%v", f.name, size>>10, lost)
 				s := claim.NewStore(rdb, "mem:", nil, claim.StringRecords(f.str))
@@ -60,30 +60,73 @@ func TestLargeRecordTakesItsSize(t *testing.T) {
 	}
 }
 
-// TestLargeRecordIgnoresLeftoverScratch: a large string record is built in a
-// scratch key that no script leaves behind. Were one there (a bug, or a
-// hand-made key), SETRANGE would write over its bytes and keep its tail:
-// the record must come out exact all the same.
-func TestLargeRecordIgnoresLeftoverScratch(t *testing.T) {
+// TestLargeRecordOverBulkLenKeepsTheClaim: proto-max-bulk-len bounds what
+// SETRANGE makes of a string, so an encoding Redis took as an argument can
+// be refused as a record once its head is added. Redis keeps a script's
+// earlier writes: the first write of a large record must be the one refused,
+// so that the claim stays as it was (in flight, with its TTL), and the
+// client's retry is refused, not executed again. A hash replica's claim,
+// completed by a string replica, is overwritten by one SET, which Redis
+// does not bound: the record is taken, and replayed.
+func TestLargeRecordOverBulkLenKeepsTheClaim(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
-	s := claim.NewStore(rdb, "scr:", nil, claim.StringRecords(true))
-	k := claim.NewKey(nil, "leftover")
+	s := claim.NewStore(rdb, "back:", nil, claim.StringRecords(true))
 	terms := claim.Terms{LockTTL: time.Minute, TTL: time.Hour}
-	lease, _, err := s.Acquire(ctx, k, fp("A"), terms)
-	if err != nil || lease == nil {
-		t.Fatalf("claim: %v, %v", lease, err)
+	// An encoding 40 bytes under 1 MiB: an argument a 1mb proto-max-bulk-len
+	// takes, a record it refuses.
+	rec := &claim.Record{Status: 201}
+	for n := 1<<20 - 60; len(rec.Encode()) < 1<<20-40; n++ {
+		rec.Body = bytes.Repeat([]byte("p"), n)
 	}
-	scratch := recordKey("scr:", k) + ":w"
-	rdb.Set(ctx, scratch, bytes.Repeat([]byte("!"), 300<<10), 0)
-	rec := &claim.Record{Status: 201, Body: bytes.Repeat([]byte("0123456789abcdef"), 100<<10/16)}
-	if err := lease.Complete(ctx, rec, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	if _, got, err := s.Acquire(ctx, k, fp("A"), terms); err != nil || got == nil || !bytes.Equal(got.Body, rec.Body) {
-		t.Errorf("replay after a leftover scratch key: %v, %v; want the recorded answer", got != nil, err)
-	}
-	if n := rdb.Exists(ctx, scratch).Val(); n != 0 {
-		t.Errorf("the scratch key is left behind")
+	for _, form := range []string{"string", "hash"} {
+		k := claim.NewKey(nil, "back "+form)
+		key := recordKey("back:", k)
+		lease, _, err := s.Acquire(ctx, k, fp("A"), terms)
+		if err != nil || lease == nil {
+			t.Fatalf("%s: claim: %v, %v", form, lease, err)
+		}
+		if form == "hash" {
+			// The same claim as a hash replica writes it.
+			v := []byte(rdb.Get(ctx, key).Val())
+			args, p := []any{}, 10
+			for i, f := range []string{"st", "tok", "fp", "up", "at", "ld", "ct", "tr"} {
+				if n := int(v[2+i]); n > 0 {
+					args = append(args, f, string(v[p:p+n]))
+					p += n
+				}
+			}
+			rdb.Del(ctx, key)
+			rdb.HSet(ctx, key, args...)
+			rdb.PExpire(ctx, key, 30*time.Minute)
+		}
+		before, ttl := rdb.Dump(ctx, key).Val(), rdb.PTTL(ctx, key).Val()
+		if err := rdb.ConfigSet(ctx, "proto-max-bulk-len", "1mb").Err(); err != nil {
+			t.Fatal(err)
+		}
+		cerr := lease.CompleteOnce(ctx, rec, time.Hour)
+		if err := rdb.ConfigSet(ctx, "proto-max-bulk-len", "512mb").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if form == "string" {
+			if cerr == nil {
+				t.Fatalf("%s: a record over proto-max-bulk-len was taken", form)
+			}
+			if rdb.Dump(ctx, key).Val() != before {
+				t.Errorf("%s: after the refused completion (%v) the key is not the claim it was", form, cerr)
+			}
+			if left := rdb.PTTL(ctx, key).Val(); left > ttl || left < ttl-5*time.Second {
+				t.Errorf("%s: the claim expires in %v; want its %v", form, left, ttl)
+			}
+		}
+		l2, got, err := s.Acquire(ctx, k, fp("A"), terms)
+		switch {
+		case l2 != nil:
+			t.Errorf("%s: the client's retry got a new lease after the completion (%v): the request executes again", form, cerr)
+		case cerr == nil && (got == nil || !bytes.Equal(got.Body, rec.Body)):
+			t.Errorf("%s: the completion was taken, and the retry got %v, %v; want its replay", form, got != nil, err)
+		case cerr != nil && (got != nil || err == nil):
+			t.Errorf("%s: the completion was refused (%v), and the retry got %v, %v; want it in flight", form, cerr, got != nil, err)
+		}
 	}
 }
