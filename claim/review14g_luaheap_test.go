@@ -8,15 +8,17 @@ import (
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
-// review14gLuaHeap is Redis's Lua heap in bytes (INFO memory
-// used_memory_lua; Redis 7 also calls it used_memory_vm_eval). It is not
-// part of used_memory, so maxmemory does not bound it; it is in the RSS.
-func review14gLuaHeap(t *testing.T, info string) int64 {
+// infoMemory is the integer field of Redis's INFO memory: used_memory (what
+// maxmemory bounds), or used_memory_lua (Redis's Lua heap; Redis 7 also
+// calls it used_memory_vm_eval), which is not part of used_memory, so
+// maxmemory does not bound it, and is in the RSS.
+func infoMemory(t *testing.T, rdb *redis.Client, field string) int64 {
 	t.Helper()
-	for _, l := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "used_memory_lua:"); ok {
+	for _, l := range strings.Split(rdb.Info(ctx, "memory").Val(), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), field+":"); ok {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil {
 				t.Fatal(err)
@@ -24,7 +26,7 @@ func review14gLuaHeap(t *testing.T, info string) int64 {
 			return n
 		}
 	}
-	t.Fatal("no used_memory_lua in INFO memory")
+	t.Fatalf("no %s in INFO memory", field)
 	return 0
 }
 
@@ -54,11 +56,11 @@ func TestReview14gStringFormLuaHeap(t *testing.T) {
 		if err := lease.Complete(ctx, &claim.Record{Status: 201, Body: make([]byte, size)}, time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		afterComplete := review14gLuaHeap(t, rdb.Info(ctx, "memory").Val())
+		afterComplete := infoMemory(t, rdb, "used_memory_lua")
 		if _, rec, err := s.Acquire(ctx, k, fp("A"), terms); err != nil || rec == nil || len(rec.Body) != size {
 			t.Fatalf("%s: replay: %v", f.name, err)
 		}
-		heap[f.name] = [2]int64{afterComplete, review14gLuaHeap(t, rdb.Info(ctx, "memory").Val())}
+		heap[f.name] = [2]int64{afterComplete, infoMemory(t, rdb, "used_memory_lua")}
 	}
 	t.Logf("Lua heap after recording / replaying an %d MiB answer: hash %v, string %v", size>>20, heap["hash"], heap["string"])
 	for i, what := range []string{"recording", "replaying"} {

@@ -50,14 +50,14 @@ func TestReview70FullRedisRefusesLargeStringCompletion(t *testing.T) {
 			if lost {
 				rdb.Del(ctx, key)
 			}
-			before := review70UsedMemory(t, rdb)
+			before := infoMemory(t, rdb, "used_memory")
 			// Redis is full: used_memory is over maxmemory.
 			if err := rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
 				t.Fatal(err)
 			}
 			rec := &claim.Record{Status: 201, Body: bytes.Repeat([]byte("z"), size)}
 			cerr := lease.CompleteOnce(ctx, rec, time.Hour) // one attempt: the retries repeat it
-			after := review70UsedMemory(t, rdb)
+			after := infoMemory(t, rdb, "used_memory")
 			if err := rdb.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
 				t.Fatal(err)
 			}

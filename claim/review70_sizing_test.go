@@ -3,8 +3,6 @@ package claim_test
 import (
 	"bytes"
 	"fmt"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -12,22 +10,6 @@ import (
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
-
-func review70UsedMemory(t *testing.T, rdb *redis.Client) int64 {
-	t.Helper()
-	info := rdb.Info(ctx, "memory").Val()
-	for _, l := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "used_memory:"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatal("no used_memory")
-	return 0
-}
 
 // review70PerRecord writes n records of a body of size bytes (status 201,
 // two headers, as the README's "Sizing" table says) through claim.Store
@@ -53,7 +35,7 @@ func review70PerRecord(t *testing.T, rdb *redis.Client, str bool, size, n int) f
 			t.Fatal(err)
 		}
 	}
-	m0 := review70UsedMemory(t, rdb)
+	m0 := infoMemory(t, rdb, "used_memory")
 	for i := 0; i < n; i++ {
 		k := claim.NewKey(nil, fmt.Sprintf("k-%d-%d", size, i))
 		l, _, err := s.Acquire(ctx, k, fp("A"), terms)
@@ -64,7 +46,7 @@ func review70PerRecord(t *testing.T, rdb *redis.Client, str bool, size, n int) f
 			t.Fatal(err)
 		}
 	}
-	m1 := review70UsedMemory(t, rdb)
+	m1 := infoMemory(t, rdb, "used_memory")
 	return float64(m1-m0) / float64(n)
 }
 
