@@ -225,8 +225,8 @@ if cur.st == ARGV[6] then
   return {'ok', 'already'}
 end
 local late = cur.st == 'u' or (cur.ld and tonumber(cur.ld) <= now)
--- A hash stays a hash when the answer is large (setString writes only
--- strings there without a copy in Lua: 'Record format' in the README).
+-- A hash claim stays a hash when the answer is over 64 KiB: setString would
+-- refuse it, and a SET would copy the answer in Lua (README "Record format").
 if kind == 'h' and (not S or #ARGV[2] > 65536) then
   if tr then
     redis.call('HSET', KEYS[1], 'st', ARGV[6], 'rec', ARGV[2], 'ct', string.format('%d', now), 'tr', tr)
