@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestLargeRecordTakesItsSize: a recorded answer takes about its size in
@@ -87,18 +88,7 @@ func TestLargeRecordOverBulkLenKeepsTheClaim(t *testing.T) {
 			t.Fatalf("%s: claim: %v, %v", form, lease, err)
 		}
 		if form == "hash" {
-			// The same claim as a hash replica writes it.
-			v := []byte(rdb.Get(ctx, key).Val())
-			args, p := []any{}, 10
-			for i, f := range []string{"st", "tok", "fp", "up", "at", "ld", "ct", "tr"} {
-				if n := int(v[2+i]); n > 0 {
-					args = append(args, f, string(v[p:p+n]))
-					p += n
-				}
-			}
-			rdb.Del(ctx, key)
-			rdb.HSet(ctx, key, args...)
-			rdb.PExpire(ctx, key, 30*time.Minute)
+			asHashClaim(t, rdb, key, 30*time.Minute)
 		}
 		before, ttl := rdb.Dump(ctx, key).Val(), rdb.PTTL(ctx, key).Val()
 		if err := rdb.ConfigSet(ctx, "proto-max-bulk-len", "1mb").Err(); err != nil {
@@ -129,4 +119,25 @@ func TestLargeRecordOverBulkLenKeepsTheClaim(t *testing.T) {
 			t.Errorf("%s: the completion was refused (%v), and the retry got %v, %v; want it in flight", form, cerr, got != nil, err)
 		}
 	}
+}
+
+// asHashClaim rewrites the string record at key as a hash replica writes
+// the same record, expiring in ttl.
+func asHashClaim(t *testing.T, rdb *redis.Client, key string, ttl time.Duration) {
+	t.Helper()
+	v, err := rdb.Get(ctx, key).Bytes()
+	if err != nil || len(v) < 10 {
+		t.Fatalf("%s: no string record (%v)", key, err)
+	}
+	args, p := []any{}, 10
+	for i, f := range []string{"st", "tok", "fp", "up", "at", "ld", "ct", "tr"} {
+		n := int(v[2+i])
+		if n > 0 {
+			args = append(args, f, string(v[p:p+n]))
+		}
+		p += n
+	}
+	rdb.Del(ctx, key)
+	rdb.HSet(ctx, key, args...)
+	rdb.PExpire(ctx, key, ttl)
 }

@@ -45,19 +45,7 @@ func TestReview70LargeRecordEveryPath(t *testing.T) {
 				case "recreated":
 					rdb.Del(ctx, key)
 				case "hash rewritten":
-					// The same in-flight claim, as a hash replica would have written it.
-					v := []byte(rdb.Get(ctx, key).Val())
-					args, p := []any{}, 10
-					for i, f := range []string{"st", "tok", "fp", "up", "at", "ld", "ct", "tr"} {
-						n := int(v[2+i])
-						if n > 0 {
-							args = append(args, f, string(v[p:p+n]))
-						}
-						p += n
-					}
-					rdb.Del(ctx, key)
-					rdb.HSet(ctx, key, args...)
-					rdb.PExpire(ctx, key, time.Hour)
+					asHashClaim(t, rdb, key, time.Hour)
 				case "late":
 					time.Sleep(80 * time.Millisecond)
 				case "held unknown":

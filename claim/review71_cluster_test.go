@@ -37,29 +37,7 @@ func TestReview71LargeCompletionDuringSlotMigration(t *testing.T) {
 				if err != nil || l == nil {
 					t.Fatalf("claim: %v", err)
 				}
-				slot := cl.KeySlot(key)
-				src := cl.NodeForKey(key)
-				var dst *redistest.Server
-				for _, m := range cl.Masters() {
-					if m != src {
-						dst = m
-						break
-					}
-				}
-				sc, dc := src.Client(), dst.Client()
-				defer sc.Close()
-				defer dc.Close()
-				srcID, dstID := sc.ClusterMyID(ctx).Val(), dc.ClusterMyID(ctx).Val()
-				if err := dc.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err(); err != nil {
-					t.Fatal(err)
-				}
-				if err := sc.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err(); err != nil {
-					t.Fatal(err)
-				}
-				defer func() {
-					sc.Do(ctx, "CLUSTER", "SETSLOT", slot, "STABLE")
-					dc.Do(ctx, "CLUSTER", "SETSLOT", slot, "STABLE")
-				}()
+				_, _, slot := migratingSlot(t, cl, key)
 				rec := &claim.Record{Status: 201, Body: bytes.Repeat([]byte("m"), size)}
 				if err := l.CompleteOnce(ctx, rec, time.Hour); err != nil {
 					t.Errorf("completion of a %d-byte answer (%s records) while slot %d migrates: %v; a one-key completion is served",
@@ -73,4 +51,34 @@ func TestReview71LargeCompletionDuringSlotMigration(t *testing.T) {
 			})
 		}
 	}
+}
+
+// migratingSlot puts key's slot in the middle of a move, as a resharding
+// does (its master MIGRATING, another IMPORTING), until the test ends, and
+// returns the two masters and the slot.
+func migratingSlot(t *testing.T, cl *redistest.Cluster, key string) (src, dst *redistest.Server, slot int) {
+	t.Helper()
+	slot = cl.KeySlot(key)
+	src = cl.NodeForKey(key)
+	for _, m := range cl.Masters() {
+		if m != src {
+			dst = m
+			break
+		}
+	}
+	sc, dc := src.Client(), dst.Client()
+	t.Cleanup(func() {
+		sc.Do(ctx, "CLUSTER", "SETSLOT", slot, "STABLE")
+		dc.Do(ctx, "CLUSTER", "SETSLOT", slot, "STABLE")
+		_ = sc.Close()
+		_ = dc.Close()
+	})
+	srcID, dstID := sc.ClusterMyID(ctx).Val(), dc.ClusterMyID(ctx).Val()
+	if err := dc.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return src, dst, slot
 }

@@ -45,31 +45,11 @@ func TestReview72LargeCompletionAfterKeyMigrated(t *testing.T) {
 						t.Fatal("hold: no error")
 					}
 				}
-				slot := cl.KeySlot(key)
-				src := cl.NodeForKey(key)
-				var dst *redistest.Server
-				for _, m := range cl.Masters() {
-					if m != src {
-						dst = m
-						break
-					}
-				}
-				sc, dc := src.Client(), dst.Client()
-				defer sc.Close()
-				defer dc.Close()
-				srcID, dstID := sc.ClusterMyID(ctx).Val(), dc.ClusterMyID(ctx).Val()
-				if err := dc.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err(); err != nil {
-					t.Fatal(err)
-				}
-				if err := sc.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err(); err != nil {
-					t.Fatal(err)
-				}
-				defer func() {
-					sc.Do(ctx, "CLUSTER", "SETSLOT", slot, "STABLE")
-					dc.Do(ctx, "CLUSTER", "SETSLOT", slot, "STABLE")
-				}()
+				src, dst, _ := migratingSlot(t, cl, key)
 				holder := src
 				if moved {
+					sc := src.Client()
+					defer sc.Close()
 					if err := sc.Do(ctx, "MIGRATE", "127.0.0.1", strconv.Itoa(dst.Port()), key, 0, 5000).Err(); err != nil {
 						t.Fatalf("MIGRATE: %v", err)
 					}
