@@ -85,6 +85,12 @@ type config struct {
 	// third target to every closed-loop round, so that bare, idemproxy and
 	// the ceiling alternate in one run. "" for none.
 	ceiling string
+	// twinBin and twinEnv are -ceiling-bin and -ceiling-env: a second
+	// idemproxy binary, and what its environment gets beyond -idem-env, as the
+	// third target (ceiling ceilingTwin), so that two builds of idemproxy
+	// alternate round by round in one run, paired as the third target is.
+	twinBin string
+	twinEnv []string
 
 	memSlack  int64 // bytes of RSS growth allowed beyond MAX_STORED_RESPONSE_BYTES
 	maxStored int64 // MAX_STORED_RESPONSE_BYTES in effect
@@ -175,6 +181,9 @@ func parseFlags(args []string) (*config, int) {
 	fs.StringVar(&cfg.ceiling, "ceiling", "", "add internal/bench/ceilingproxy (redis, local, onewrite or commands, as -idem-ceiling) as a third target to the closed-loop rounds, alternated with bare and idemproxy in the same run; -only unique,replay,mixed (local: unique). strings: idemproxy itself with RECORD_FORMAT=string as the third target, reported as idem(string)")
 	var idemEnv listFlag
 	fs.Var(&idemEnv, "idem-env", "extra KEY=VALUE in idemproxy's environment (repeatable)")
+	fs.StringVar(&cfg.twinBin, "ceiling-bin", "", "a second idemproxy binary as the third target (implies -ceiling "+ceilingTwin+"): two builds alternate round by round in one run, with -idem-env, reported as idem(B); -only unique,replay,mixed")
+	var twinEnv listFlag
+	fs.Var(&twinEnv, "ceiling-env", "extra KEY=VALUE in -ceiling-bin's environment, after -idem-env's (repeatable)")
 	memSlackMiB := fs.Float64("mem-slack", 4, "MiB of RSS growth allowed on top of MAX_STORED_RESPONSE_BYTES in the 10 MiB check")
 	fs.IntVar(&cfg.slowN, "slow-n", 1000, "concurrent slow requests of the memory check")
 	fs.DurationVar(&cfg.slow, "slow", 2*time.Second, "how long the upstream holds each slow request")
@@ -283,8 +292,27 @@ func parseFlags(args []string) (*config, int) {
 		}
 	}
 	cfg.idemEnv = idemEnv
+	for _, kv := range twinEnv {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			bad = append(bad, fmt.Sprintf("-ceiling-env: want KEY=VALUE, got %q", kv))
+		}
+	}
+	cfg.twinEnv = twinEnv
+	switch {
+	case cfg.twinBin != "" && cfg.ceiling != "" && cfg.ceiling != ceilingTwin:
+		bad = append(bad, fmt.Sprintf("-ceiling-bin: not with -ceiling %s (the third target is one or the other)", cfg.ceiling))
+	case cfg.twinBin != "":
+		cfg.ceiling = ceilingTwin
+		if fi, err := os.Stat(cfg.twinBin); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+			bad = append(bad, fmt.Sprintf("-ceiling-bin: %q is not an executable file", cfg.twinBin))
+		}
+	case cfg.ceiling == ceilingTwin:
+		bad = append(bad, "-ceiling "+ceilingTwin+": give the binary with -ceiling-bin")
+	case len(twinEnv) > 0:
+		bad = append(bad, "-ceiling-env: only with -ceiling-bin")
+	}
 	if cfg.ceiling != "" {
-		if !slices.Contains(ceilingModes, cfg.ceiling) && cfg.ceiling != ceilingStrings {
+		if !slices.Contains(ceilingModes, cfg.ceiling) && cfg.ceiling != ceilingStrings && cfg.ceiling != ceilingTwin {
 			bad = append(bad, fmt.Sprintf("-ceiling: %q (want %s or %s)", cfg.ceiling, strings.Join(ceilingModes, ", "), ceilingStrings))
 		}
 		if cfg.idemBare || cfg.idemCeiling != "" {
@@ -348,6 +376,7 @@ type bench struct {
 
 	upstreamBin, bareBin, idemBin string
 	ceilingBin                    string
+	twinBin                       string // -ceiling-bin, absolute
 	openBin                       string // the fixed-rate generator (internal/bench/openloop)
 	floorBin                      string // the scripts' driver of the floor phase (internal/bench/redisfloor)
 	script, eventTpl              string
@@ -528,6 +557,12 @@ func (b *bench) setup(ctx context.Context) error {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("go build -o %s . (idemproxy) failed: %w\n%s\n(use -idem-bare to test the harness alone)", b.idemBin, err, out)
 		}
+	}
+	if cfg.twinBin != "" {
+		if b.twinBin, err = filepath.Abs(cfg.twinBin); err != nil {
+			return err
+		}
+		logf("-ceiling-bin: %s alternates with idemproxy (%s) as the third target, idem(B)", b.twinBin, b.idemBin)
 	}
 	b.script = filepath.Join(cfg.workdir, "workload.lua")
 	if err := os.WriteFile(b.script, []byte(workloadLua), 0o644); err != nil {
@@ -811,7 +846,7 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], baseEnv(), logPath, b.bareBin,
 			"-listen", addr, "-upstream", up.url)
 		ready = func() error { return b.get(t.url + "/healthz") }
-	} else if mode := b.ceilingMode(kind); mode != "" && mode != ceilingStrings {
+	} else if mode := b.ceilingMode(kind); mode != "" && mode != ceilingStrings && mode != ceilingTwin {
 		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], baseEnv(), logPath, b.ceilingBin,
 			ceilingArgs(mode, addr, up.url, b.redisAddr)...)
 		ready = func() error { return b.get(t.url + "/healthz") }
@@ -834,7 +869,11 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 		case "warn":
 			env = append(env, "LOG_LEVEL=warn")
 		}
-		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], env, logPath, b.idemBin)
+		bin := b.idemBin
+		if b.ceilingMode(kind) == ceilingTwin {
+			bin = b.twinBin
+		}
+		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], env, logPath, bin)
 		ready = func() error { return b.get("http://" + admin + "/readyz") }
 	}
 	if err != nil {
@@ -868,22 +907,33 @@ var ceilingModes = []string{"redis", "local", "onewrite", "commands"}
 // RECORD_FORMAT=string: the two record formats alternate in one run.
 const ceilingStrings = "strings"
 
+// ceilingTwin, as -ceiling, makes the third target the idemproxy binary of
+// -ceiling-bin (set by it).
+const ceilingTwin = "bin"
+
 // idemExtraEnv is what idemproxy's environment gets beyond the bench's own
 // when it runs as target kind in workload wl: -idem-env (with the
 // workload's routes), and RECORD_FORMAT=string as -ceiling strings' third
-// target, over any -idem-env RECORD_FORMAT.
+// target, over any -idem-env RECORD_FORMAT; -ceiling-env as -ceiling-bin's,
+// over -idem-env too.
 func (b *bench) idemExtraEnv(kind, wl string) []string {
 	env := idemEnvFor(b.cfg.idemEnv, wl)
-	if b.ceilingMode(kind) == ceilingStrings {
+	switch b.ceilingMode(kind) {
+	case ceilingStrings:
 		env = append(env, "RECORD_FORMAT=string")
+	case ceilingTwin:
+		env = append(env, b.cfg.twinEnv...)
 	}
 	return env
 }
 
 // ceilingName is how the report names -ceiling's third target.
 func ceilingName(mode string) string {
-	if mode == ceilingStrings {
+	switch mode {
+	case ceilingStrings:
 		return "idem(string)"
+	case ceilingTwin:
+		return "idem(B)"
 	}
 	return "ceiling(" + mode + ")"
 }

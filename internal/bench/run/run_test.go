@@ -724,3 +724,49 @@ func TestCeilingStringsEnv(t *testing.T) {
 		t.Errorf("idemproxy's env with -ceiling commands: %q, want none", got)
 	}
 }
+
+// -ceiling-bin makes a second idemproxy binary the third target: it implies
+// -ceiling bin, its environment is -idem-env's and then -ceiling-env's, and
+// idemproxy's own rounds get only -idem-env's.
+func TestCeilingBin(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "idemproxy-b")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg, code := parseFlags([]string{"-ceiling-bin", bin, "-only", "unique,replay", "-idem-env", "RECORD_FORMAT=hash", "-ceiling-env", "RECORD_FORMAT=string", "-ceiling-env", "GOGC=200"})
+	if code >= 0 || cfg.ceiling != ceilingTwin || cfg.twinBin != bin || ceilingName(cfg.ceiling) != "idem(B)" {
+		t.Fatalf("-ceiling-bin: code %d, ceiling %q, binary %q, name %q", code, cfg.ceiling, cfg.twinBin, ceilingName(cfg.ceiling))
+	}
+	b := &bench{cfg: cfg}
+	if got, want := b.idemExtraEnv("ceil", "unique"), []string{"RECORD_FORMAT=hash", "RECORD_FORMAT=string", "GOGC=200"}; !slices.Equal(got, want) {
+		t.Errorf("third target's env %q, want %q", got, want)
+	}
+	if got, want := b.idemExtraEnv("idem", "unique"), []string{"RECORD_FORMAT=hash"}; !slices.Equal(got, want) {
+		t.Errorf("idemproxy's env %q, want %q", got, want)
+	}
+	if _, code := parseFlags([]string{"-ceiling", ceilingTwin, "-ceiling-bin", bin, "-only", "unique"}); code >= 0 {
+		t.Errorf("-ceiling bin -ceiling-bin: exit code %d, want none", code)
+	}
+
+	notExec := filepath.Join(t.TempDir(), "plain")
+	if err := os.WriteFile(notExec, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range [][]string{
+		{"-ceiling-bin", bin},                         // the default set has open and mem
+		{"-ceiling-bin", bin, "-only", "unique,open"}, // no third target in the open loop
+		{"-ceiling-bin", bin, "-only", "unique", "-ceiling", "onewrite"},
+		{"-ceiling-bin", bin, "-only", "unique", "-idem-bare"},
+		{"-ceiling-bin", filepath.Join(t.TempDir(), "missing"), "-only", "unique"},
+		{"-ceiling-bin", notExec, "-only", "unique"},
+		{"-ceiling-bin", t.TempDir(), "-only", "unique"},
+		{"-ceiling", ceilingTwin, "-only", "unique"},
+		{"-ceiling-env", "GOGC=200", "-only", "unique"},
+		{"-ceiling-env", "GOGC=200", "-ceiling", "strings", "-only", "unique"},
+		{"-ceiling-bin", bin, "-ceiling-env", "GOGC", "-only", "unique"},
+	} {
+		if _, code := parseFlags(bad); code != exitUsage {
+			t.Errorf("parseFlags(%q): exit code %d, want %d", bad, code, exitUsage)
+		}
+	}
+}
