@@ -312,11 +312,16 @@ func parseFlags(args []string) (*config, int) {
 		bad = append(bad, "-ceiling-env: only with -ceiling-bin")
 	}
 	if cfg.ceiling != "" {
+		// The flag the user gave, for the messages: -ceiling-bin sets the mode.
+		given := "-ceiling " + cfg.ceiling
+		if cfg.ceiling == ceilingTwin {
+			given = "-ceiling-bin"
+		}
 		if !slices.Contains(ceilingModes, cfg.ceiling) && cfg.ceiling != ceilingStrings && cfg.ceiling != ceilingTwin {
 			bad = append(bad, fmt.Sprintf("-ceiling: %q (want %s or %s)", cfg.ceiling, strings.Join(ceilingModes, ", "), ceilingStrings))
 		}
 		if cfg.idemBare || cfg.idemCeiling != "" {
-			bad = append(bad, "-ceiling: not with -idem-bare or -idem-ceiling")
+			bad = append(bad, given+": not with -idem-bare or -idem-ceiling")
 		}
 		ok := []string{"unique", "replay", "mixed"}
 		if cfg.ceiling == "local" {
@@ -324,11 +329,11 @@ func parseFlags(args []string) (*config, int) {
 		}
 		for _, w := range cfg.workloads {
 			if !slices.Contains(ok, w) {
-				bad = append(bad, fmt.Sprintf("-ceiling %s: workload %q has no ceiling round (want -only %s)", cfg.ceiling, w, strings.Join(ok, ",")))
+				bad = append(bad, fmt.Sprintf("%s: workload %q has no third-target round (want -only %s)", given, w, strings.Join(ok, ",")))
 			}
 		}
 		if cfg.mem {
-			bad = append(bad, fmt.Sprintf("-ceiling %s: workload \"mem\" has no ceiling round (want -only %s)", cfg.ceiling, strings.Join(ok, ",")))
+			bad = append(bad, fmt.Sprintf("%s: workload \"mem\" has no third-target round (want -only %s)", given, strings.Join(ok, ",")))
 		}
 	}
 	if cfg.idemCeiling != "" {

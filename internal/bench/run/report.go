@@ -188,6 +188,10 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 		fmt.Fprintln(w, "NOTE:", n)
 	}
 	fmt.Fprintln(w)
+	if b.twinBin != "" {
+		// The saved report names the two builds it compared.
+		fmt.Fprintf(w, "builds: idem %s; idem(B) %s, -ceiling-env %q\n", b.idemBin, b.twinBin, b.cfg.twinEnv)
+	}
 	fmt.Fprintln(w, "cores: "+b.coresLine())
 	fmt.Fprintln(w, "machine: "+b.machineLine(steal, load))
 	if len(mem) > 0 {

@@ -770,3 +770,58 @@ func TestCeilingBin(t *testing.T) {
 		}
 	}
 }
+
+// parseFlagsStderr runs parseFlags and returns what it wrote to stderr.
+func parseFlagsStderr(t *testing.T, args []string) (int, string) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stderr
+	os.Stderr = w
+	_, code := parseFlags(args)
+	os.Stderr = old
+	_ = w.Close()
+	out, _ := io.ReadAll(r)
+	_ = r.Close()
+	return code, string(out)
+}
+
+// A refusal names the flag the user gave: -ceiling-bin, not the mode it sets.
+func TestCeilingBinMessagesNameTheFlag(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "idemproxy-b")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"-ceiling-bin", bin, "-only", "unique,nokey"},
+		{"-ceiling-bin", bin, "-only", "unique", "-idem-bare"},
+		{"-ceiling-bin", bin, "-only", "unique", "-idem-ceiling", "redis"},
+	} {
+		code, out := parseFlagsStderr(t, args)
+		if code != exitUsage || !strings.Contains(out, "-ceiling-bin:") || strings.Contains(out, "-ceiling bin") {
+			t.Errorf("parseFlags(%q): exit %d, %q: want a refusal naming -ceiling-bin", args, code, out)
+		}
+	}
+}
+
+// The saved report says which two builds it compared.
+func TestReportNamesTheBuilds(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "idemproxy-b")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg, code := parseFlags([]string{"-ceiling-bin", bin, "-ceiling-env", "RECORD_FORMAT=string", "-only", "unique", "-rounds", "1"})
+	if code >= 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	b := &bench{cfg: cfg, idemBin: "/x/idem-a", twinBin: bin}
+	smp := sample{rps: 1000, cpuUs: 100, p50ms: 1, p99ms: 2, rssMiB: 20}
+	var sb strings.Builder
+	b.report(&sb, []result{{workload: "unique", bare: []sample{smp}, idem: []sample{smp}, ceil: []sample{smp}}}, nil, cpuTimes{}, "")
+	want := fmt.Sprintf("builds: idem /x/idem-a; idem(B) %s, -ceiling-env [\"RECORD_FORMAT=string\"]\n", bin)
+	if !strings.Contains(sb.String(), want) {
+		t.Errorf("report has no %q:\n%s", want, sb.String())
+	}
+}
