@@ -848,11 +848,11 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 	// default: a JSON access-log line per request on stdout, which goes to
 	// logPath like everything a process under test writes, never to a pipe).
 	if kind == "bare" || b.cfg.idemBare {
-		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], baseEnv(), logPath, b.bareBin,
+		t.p, err = b.startProxy(kind, baseEnv(), logPath, b.bareBin,
 			"-listen", addr, "-upstream", up.url)
 		ready = func() error { return b.get(t.url + "/healthz") }
 	} else if mode := b.ceilingMode(kind); mode != "" && mode != ceilingStrings && mode != ceilingTwin {
-		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], baseEnv(), logPath, b.ceilingBin,
+		t.p, err = b.startProxy(kind, baseEnv(), logPath, b.ceilingBin,
 			ceilingArgs(mode, addr, up.url, b.redisAddr)...)
 		ready = func() error { return b.get(t.url + "/healthz") }
 	} else {
@@ -878,7 +878,7 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 		if b.ceilingMode(kind) == ceilingTwin {
 			bin = b.twinBin
 		}
-		t.p, err = b.procs.start(kind, b.cfg.cpus["proxy"], env, logPath, bin)
+		t.p, err = b.startProxy(kind, env, logPath, bin)
 		ready = func() error { return b.get("http://" + admin + "/readyz") }
 	}
 	if err != nil {
@@ -890,6 +890,53 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 	}
 	b.noteAffinity("proxy", t.p)
 	return t, nil
+}
+
+// startProxy starts a proxy under test from a fresh copy of bin, made for
+// this process and removed when it exits (kept while it runs: taskset execs
+// it after Start returns, and perf reads its symbols). A binary's code runs from the page
+// cache's pages of its file, wherever in memory they happen to be, for as
+// long as the file stays cached: two copies of one idemproxy binary, each
+// kept for a whole run, differed by 8 to 10 % in req/s and 7 to 11 µs of CPU
+// per first request, and the faster one stayed faster when they swapped
+// slots (2026-11-25, -ceiling-bin). A copy per process turns that placement
+// into noise from round to round, which the medians take, instead of a bias
+// for a whole run.
+func (b *bench) startProxy(kind string, env []string, logPath, bin string, args ...string) (*proc, error) {
+	dir, err := os.MkdirTemp(b.cfg.workdir, "bin-")
+	if err != nil {
+		return nil, err
+	}
+	// The same base name: the kernel's comm (perf's process name) is the
+	// file's.
+	cp := filepath.Join(dir, filepath.Base(bin))
+	if err := copyFile(cp, bin); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	p, err := b.procs.startOwning(dir, kind, b.cfg.cpus["proxy"], env, logPath, cp, args...)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+	}
+	return p, err
+}
+
+// copyFile copies the executable src to dst.
+func copyFile(dst, src string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		_ = out.Close()
+		return fmt.Errorf("copy %s to %s: %w", src, dst, err)
+	}
+	return out.Close()
 }
 
 // ceilingArgs are internal/bench/ceilingproxy's arguments in mode: "local"

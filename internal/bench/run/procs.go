@@ -48,6 +48,12 @@ func pinned(nice int, cpu, bin string, args ...string) []string {
 // start runs bin pinned to cpu (taskset -c cpu), with exactly env as its
 // environment, stdout and stderr going to logPath.
 func (ps *procs) start(name, cpu string, env []string, logPath, bin string, args ...string) (*proc, error) {
+	return ps.startOwning("", name, cpu, env, logPath, bin, args...)
+}
+
+// startOwning is start, and removes dir ("" for none) once the process has
+// exited.
+func (ps *procs) startOwning(dir, name, cpu string, env []string, logPath, bin string, args ...string) (*proc, error) {
 	f, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
@@ -65,6 +71,9 @@ func (ps *procs) start(name, cpu string, env []string, logPath, bin string, args
 	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
+		if dir != "" {
+			_ = os.RemoveAll(dir)
+		}
 		close(p.done)
 	}()
 	ps.mu.Lock()

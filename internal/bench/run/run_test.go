@@ -2,8 +2,10 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -607,24 +609,40 @@ func TestRoundOrder(t *testing.T) {
 	if got := roundOrder(1, false); !slices.Equal(got, []string{"idem", "bare"}) {
 		t.Errorf("round 1: %q", got)
 	}
-	// With the ceiling, each target goes first, second and third once in
-	// three rounds, and every round has all three.
+	// With the third target, each goes first, second and third once in
+	// three rounds (the usual -rounds 3) and twice in six; over six rounds
+	// each of any two goes before the other three times; every round has all
+	// three.
 	pos := map[string][]int{}
-	for r := range 3 {
+	before := map[[2]string]int{}
+	for r := range 6 {
 		o := roundOrder(r, true)
-		if len(o) != 3 {
+		if len(o) != 3 || !slices.Contains(o, "bare") || !slices.Contains(o, "idem") || !slices.Contains(o, "ceil") {
 			t.Fatalf("round %d: %q", r, o)
 		}
 		for i, k := range o {
 			pos[k] = append(pos[k], i)
+			for _, l := range o[i+1:] {
+				before[[2]string{k, l}]++
+			}
 		}
 	}
 	for _, k := range []string{"bare", "idem", "ceil"} {
-		p := slices.Clone(pos[k])
-		slices.Sort(p)
-		if !slices.Equal(p, []int{0, 1, 2}) {
-			t.Errorf("%s at positions %v over three rounds, want each of 0, 1, 2 once", k, pos[k])
+		p3 := slices.Sorted(slices.Values(pos[k][:3]))
+		p6 := slices.Sorted(slices.Values(pos[k]))
+		if !slices.Equal(p3, []int{0, 1, 2}) || !slices.Equal(p6, []int{0, 0, 1, 1, 2, 2}) {
+			t.Errorf("%s at positions %v over six rounds, want each of 0, 1, 2 once in the first three and twice in six", k, pos[k])
 		}
+	}
+	for pair, n := range before {
+		if n != 3 {
+			t.Errorf("%s before %s in %d rounds of six, want 3", pair[0], pair[1], n)
+		}
+	}
+	// A round's order is its own: changing it changes no other round's.
+	roundOrder(0, true)[0] = "x"
+	if roundOrder(6, true)[0] != "bare" {
+		t.Error("roundOrder hands out its table's slices")
 	}
 }
 
@@ -823,5 +841,47 @@ func TestReportNamesTheBuilds(t *testing.T) {
 	want := fmt.Sprintf("builds: idem /x/idem-a; idem(B) %s, -ceiling-env [\"RECORD_FORMAT=string\"]\n", bin)
 	if !strings.Contains(sb.String(), want) {
 		t.Errorf("report has no %q:\n%s", want, sb.String())
+	}
+}
+
+// A proxy under test runs from its own copy of the binary (a fresh file for
+// every process), which goes when the process exits; the original stays.
+func TestStartProxyRunsACopy(t *testing.T) {
+	if _, err := exec.LookPath("taskset"); err != nil {
+		t.Skip("taskset not installed") // the bench itself needs it; .ci/run does not
+	}
+	work := t.TempDir()
+	bin := filepath.Join(t.TempDir(), "idemproxy")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\nwhile :; do sleep 1; done\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := &bench{cfg: &config{workdir: work, cpus: map[string]string{"proxy": "0"}}}
+	t.Cleanup(b.procs.stopAll)
+	var seen []string
+	for range 2 {
+		p, err := b.startProxy("idem", nil, filepath.Join(work, "log"), bin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cmdline []byte
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if cmdline, _ = os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.pid())); bytes.Contains(cmdline, []byte("/idemproxy")) {
+				break
+			}
+		}
+		args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+		ran := args[len(args)-1]
+		if filepath.Dir(filepath.Dir(ran)) != work || filepath.Base(ran) != "idemproxy" || slices.Contains(seen, ran) {
+			t.Fatalf("process runs %q (cmdline %q); want a fresh copy named idemproxy under %s, not one of %q", ran, args, work, seen)
+		}
+		seen = append(seen, ran)
+		p.stop()
+		<-p.done
+		if _, err := os.Stat(filepath.Dir(ran)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("copy's directory after exit: %v, want it gone", err)
+		}
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Errorf("original binary: %v", err)
 	}
 }
