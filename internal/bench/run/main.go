@@ -893,15 +893,14 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 }
 
 // startProxy starts a proxy under test from a fresh copy of bin, made for
-// this process and removed when it exits (kept while it runs: taskset execs
-// it after Start returns, and perf reads its symbols). A binary's code runs from the page
-// cache's pages of its file, wherever in memory they happen to be, for as
-// long as the file stays cached: two copies of one idemproxy binary, each
-// kept for a whole run, differed by 8 to 10 % in req/s and 7 to 11 µs of CPU
-// per first request, and the faster one stayed faster when they swapped
-// slots (2026-11-25, -ceiling-bin). A copy per process turns that placement
-// into noise from round to round, which the medians take, instead of a bias
-// for a whole run.
+// this process and removed when it exits (not before: taskset execs it after
+// Start returns, and perf reads its symbols). Two copies of one idemproxy
+// binary, each kept for a whole run, differed by 8 to 10 % in req/s and 7 to
+// 11 µs of CPU per first request, and the faster file stayed faster when the
+// two swapped slots (2026-11-25, -ceiling-bin): code runs from the page
+// cache's pages of its file, wherever they happen to lie, for as long as the
+// file stays cached. A copy per process turns that into noise from round to
+// round, which the medians take, instead of a bias for a whole run.
 func (b *bench) startProxy(kind string, env []string, logPath, bin string, args ...string) (*proc, error) {
 	dir, err := os.MkdirTemp(b.cfg.workdir, "bin-")
 	if err != nil {

@@ -99,8 +99,7 @@ func (b *bench) delayGroup(ctx context.Context, delay time.Duration) ([]result, 
 // so that over six rounds each goes first, second and third twice and each
 // of any two goes before the other three times: a rotation alone (the first
 // three) puts idemproxy before the third target in two rounds of three, and
-// two runs of one binary in both slots (-ceiling-bin) found the later one
-// faster in 14 pairs of 19 (2026-11-25).
+// a drift of the machine's speed during a run would favour one of them.
 func roundOrder(r int, ceiling bool) []string {
 	if !ceiling {
 		if r%2 == 1 {
