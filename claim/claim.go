@@ -292,21 +292,18 @@ func (k Key) String() string {
 // Fingerprint is the SHA-256 of what makes two requests "the same".
 type Fingerprint [sha256.Size]byte
 
-// keys returns the record key and the claim mark of versions before the lock
-// deadline lived in the record (claim.lua reads it, for an upgrade; complete
-// and release use the record key only). Both carry the key's hash as their
-// hash tag, so Redis Cluster keeps them on one slot.
-//
-// TODO(release after 2026-11): drop the mark (KEYS[2] and its GET in
-// claim.lua): once every replica runs a version with the lock deadline in the
-// record and one TTL has passed, no mark is left to read, and each new claim
-// still pays a GET for it.
+// keys returns the one key every script of a claim touches: its record.
+// claim.lua no longer declares the claim mark that versions before
+// 2026-11-23 wrote beside an in-flight record: once every replica kept the
+// lock deadline in the record and one TTL had passed there was no mark left
+// to read, each first request paid a GET for it, and a declared key that is
+// not there is refused (TRYAGAIN) while Redis Cluster migrates its slot.
 func (s *Store) keys(k Key) []string {
-	rec := RecordKey(s.prefix, k)
-	return []string{rec, markKey(rec)}
+	return []string{RecordKey(s.prefix, k)}
 }
 
-// markKey is the claim mark beside record key rec (see keys).
+// markKey is the claim mark that versions before 2026-11-23 wrote beside
+// record key rec. Nothing reads it; a purge still deletes one left over.
 func markKey(rec string) string { return rec + ":m" }
 
 // RecordKey is the Redis key of k's record under prefix (KEY_PREFIX).

@@ -28,14 +28,18 @@ func withoutFastPaths(t *testing.T, src string, conds ...string) string {
 // TestFastPathsMatchGeneralPaths: the fast paths of claim.lua and
 // complete.lua (a free key; our own in-flight claim) answer and write what
 // their general paths would, in both forms, over records of every state and
-// of both forms, with and without a mark.
+// of both forms. claim.lua's string fast path is its SET NX: without it the
+// general path reads the key and writes the claim itself.
 func TestFastPathsMatchGeneralPaths(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	fullClaim, fullComplete := redis.NewScript(scripts.Claim), redis.NewScript(scripts.Complete)
-	slowClaim := redis.NewScript(withoutFastPaths(t, scripts.Claim,
-		"if not m[1] and not m[2] then",
-		"if mark == false then"))
+	const setNX = "refused = redis.pcall('SET', KEYS[1], 'R2'"
+	if strings.Count(scripts.Claim, setNX) != 1 {
+		t.Fatalf("claim.lua's string fast path %q: found %d times, want once", setNX, strings.Count(scripts.Claim, setNX))
+	}
+	slowClaim := redis.NewScript(withoutFastPaths(t, strings.Replace(scripts.Claim, setNX, "refused = false and redis.pcall('SET', KEYS[1], 'R2'", 1),
+		"if not h.err and not h[1] then"))
 	slowComplete := redis.NewScript(withoutFastPaths(t, scripts.Complete,
 		"if type(e) == 'string' and string.sub(e, 1, 3) == 'R2\\1' and string.sub(e, 11, 11) == 'i' then",
 		"if not hh.err and hh[1] == 'i' and hh[2] == ARGV[1] and (ld or not hh[3]) then"))
@@ -48,7 +52,6 @@ func TestFastPathsMatchGeneralPaths(t *testing.T) {
 		name   string
 		fields map[string]string // nil: no record
 		str    bool              // as a string record (else a hash)
-		mark   bool
 	}
 	var setups []setup
 	for _, st := range []string{"i", "c", "u"} {
@@ -59,19 +62,15 @@ func TestFastPathsMatchGeneralPaths(t *testing.T) {
 					if st != "i" {
 						f["rec"], f["ct"] = "504", fmt.Sprint(now-500)
 					}
-					setups = append(setups, setup{fmt.Sprintf("%s/%.5s/ld=%q/string=%v", st, tk, ld, str), f, str, false})
+					setups = append(setups, setup{fmt.Sprintf("%s/%.5s/ld=%q/string=%v", st, tk, ld, str), f, str})
 				}
 			}
 		}
 	}
-	setups = append(setups, setup{"none", nil, false, false}, setup{"mark", nil, false, true},
-		setup{"foreign hash", map[string]string{"x": "y"}, false, false})
+	setups = append(setups, setup{"none", nil, false}, setup{"foreign hash", map[string]string{"x": "y"}, false})
 	write := func(k string, s setup) {
 		t.Helper()
-		rdb.Del(ctx, k, k+":m")
-		if s.mark {
-			rdb.Set(ctx, k+":m", fmt.Sprint(now-5000), time.Hour)
-		}
+		rdb.Del(ctx, k)
 		if s.fields == nil {
 			return
 		}
@@ -115,17 +114,17 @@ func TestFastPathsMatchGeneralPaths(t *testing.T) {
 			r[map[any]int{"takeover": 1, "replay": 2}[r[0]]] = "MS" // an age or a PTTL: the call's
 			v = r
 		}
-		return fmt.Sprintf("reply %q err %q record %s %v ttl %v mark %d", v, msg, typ, f, ttl, rdb.Exists(ctx, k+":m").Val())
+		return fmt.Sprintf("reply %q err %q record %s %v ttl %v", v, msg, typ, f, ttl)
 	}
 	for _, s := range setups {
 		for _, form := range []string{"", "s"} {
 			for _, hold := range []string{"", "1"} {
 				k := "fast:{" + s.name + form + hold + "}"
 				write(k, s)
-				v, err := fullClaim.Run(ctx, rdb, []string{k, k + ":m"}, tok, fpv, 30000, 3600000, "0123456789abcdef", hold, form).Result()
+				v, err := fullClaim.Run(ctx, rdb, []string{k}, tok, fpv, 30000, 3600000, "0123456789abcdef", hold, form).Result()
 				fast := outcome(k, v, err)
 				write(k, s)
-				v, err = slowClaim.Run(ctx, rdb, []string{k, k + ":m"}, tok, fpv, 30000, 3600000, "0123456789abcdef", hold, form).Result()
+				v, err = slowClaim.Run(ctx, rdb, []string{k}, tok, fpv, 30000, 3600000, "0123456789abcdef", hold, form).Result()
 				if slow := outcome(k, v, err); fast != slow {
 					t.Errorf("claim, %s, form %q, hold %q:\n fast    %s\n general %s", s.name, form, hold, fast, slow)
 				}

@@ -2,6 +2,7 @@ package claim_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -55,60 +56,37 @@ func oldClaim(t *testing.T, be backend, key claim.Key, f claim.Fingerprint, lock
 	}
 }
 
-// TestReview12HoldOldFormatClaimNotReexecuted: rolling upgrade with
-// ON_UNKNOWN=hold. A replica of the previous version claimed a key and
-// died mid-request (a rolling upgrade is exactly when old replicas are
-// stopped; one killed past its grace period leaves its claim in flight).
-// Its record expires with its lock, but its ":m" claim mark says, for the
-// key's TTL, that a claim was made and never completed. Contract case (c):
-// with hold, "a claim is remembered past its lock TTL, for the key's TTL,
-// and Part 1's lock-takeover ... re-execution windows are closed". The new
-// claim.lua no longer reads the mark (it is not even passed as a key), so
-// the retry claims the key afresh and the request executes a second time.
-func TestReview12HoldOldFormatClaimNotReexecuted(t *testing.T) {
+// TestOldVersionClaimAfterMarkDropped: a replica of a version before
+// 2026-11-23 claimed a key and died mid-request. Its record expires with its
+// lock, and its ":m" claim mark, which versions from 2026-11-23 to 2026-11
+// read for one release, is no longer read (README, "Upgrading and rolling
+// back": upgrade from those versions through one that reads it). While its
+// lock lives the key is in flight, with either ON_UNKNOWN; after it, the
+// next request claims the key as a new one (no takeover, not held as
+// unknown), and the mark is left as it was, to expire with its TTL.
+func TestOldVersionClaimAfterMarkDropped(t *testing.T) {
 	for _, be := range backends(t) {
-		t.Run(be.name, func(t *testing.T) {
-			s := claim.NewStore(be.rdb, "test:", nil)
-			key := claim.NewKey(nil, "old-inflight")
-			// A lock long enough that a stalled test goroutine still finds it running.
-			terms := holdTerms
-			terms.LockTTL = time.Second
-			oldClaim(t, be, key, fp("A"), terms.LockTTL, terms.TTL)
-			if _, _, err := s.Acquire(ctx, key, fp("A"), terms); !errors.Is(err, claim.ErrInFlight) {
-				t.Fatalf("within the old claim's lock: %v, want ErrInFlight", err)
-			}
-			be.advance(t, terms.LockTTL+250*time.Millisecond) // past the old lock: its record is gone, its mark is not
-			lease, rec, err := s.Acquire(ctx, key, fp("A"), terms)
-			var u *claim.UnknownError
-			if !errors.As(err, &u) {
-				t.Errorf("hold, old replica's abandoned claim: lease %v (taken over %v), record %v, err %v; want ErrUnknown (504), never a second execution",
-					lease != nil, lease != nil && lease.TakenOver, rec, err)
-			}
-		})
-	}
-}
-
-// TestReview12ExpireOldFormatClaimTakeoverReported: the same rolling
-// upgrade with ON_UNKNOWN=expire. The old version reported the takeover of
-// an abandoned claim (outcome takeover, idemproxy_takeover_claim_age_seconds)
-// from its ":m" mark; the new claim.lua ignores the mark, so the first
-// takeovers after an upgrade (the claims the upgrade itself abandoned) are
-// reported as fresh executions.
-func TestReview12ExpireOldFormatClaimTakeoverReported(t *testing.T) {
-	for _, be := range backends(t) {
-		t.Run(be.name, func(t *testing.T) {
-			s := claim.NewStore(be.rdb, "test:", nil)
-			key := claim.NewKey(nil, "old-takeover")
-			terms := claim.Terms{LockTTL: 100 * time.Millisecond, TTL: time.Hour}
-			oldClaim(t, be, key, fp("A"), terms.LockTTL, terms.TTL)
-			be.advance(t, 250*time.Millisecond)
-			lease, _, err := s.Acquire(ctx, key, fp("A"), terms)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !lease.TakenOver || lease.TakeoverAge < 200*time.Millisecond {
-				t.Errorf("claim after the old replica's lock expired: TakenOver %v age %v, want a takeover of about 250ms", lease.TakenOver, lease.TakeoverAge)
-			}
-		})
+		for _, hold := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/hold=%v", be.name, hold), func(t *testing.T) {
+				s := claim.NewStore(be.rdb, "test:", nil)
+				key := claim.NewKey(nil, fmt.Sprintf("old-inflight-%v", hold))
+				rec := claim.RecordKey("test:", key)
+				// A lock long enough that a stalled test goroutine still finds it running.
+				terms := claim.Terms{LockTTL: time.Second, TTL: time.Hour, Hold: hold}
+				oldClaim(t, be, key, fp("A"), terms.LockTTL, terms.TTL)
+				if _, _, err := s.Acquire(ctx, key, fp("A"), terms); !errors.Is(err, claim.ErrInFlight) {
+					t.Fatalf("within the old claim's lock: %v, want ErrInFlight", err)
+				}
+				mark := be.rdb.Get(ctx, rec+":m").Val()
+				be.advance(t, terms.LockTTL+250*time.Millisecond) // past the old lock: its record is gone, its mark is not
+				lease, _, err := s.Acquire(ctx, key, fp("A"), terms)
+				if err != nil || lease == nil || lease.TakenOver {
+					t.Fatalf("after the old claim's lock: lease %v, err %v; want a new claim (the mark is not read)", lease, err)
+				}
+				if got := be.rdb.Get(ctx, rec+":m").Val(); got != mark || mark == "" {
+					t.Errorf("the old mark: %q after the claim, %q before; want it left as it was", got, mark)
+				}
+			})
+		}
 	}
 }

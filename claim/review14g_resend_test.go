@@ -2,7 +2,6 @@ package claim_test
 
 import (
 	"fmt"
-	"strconv"
 	"testing"
 	"time"
 
@@ -14,7 +13,7 @@ import (
 
 // TestReview14gResendAcrossForms (passes: evidence, not a finding): go-redis
 // resends a script whose reply was lost. For every state a key can be in
-// (none, a pre-upgrade mark, in flight, lock expired, completed, unknown),
+// (none, in flight, lock expired, completed, unknown),
 // hold or not, each record form and each writer form: the claim run twice
 // with one token, then completed with it, answers as with hashes only (the
 // second run recognises its own token; a completion after it is ok or lost
@@ -27,24 +26,21 @@ func TestReview14gResendAcrossForms(t *testing.T) {
 	n := 0
 	type result struct{ first, second, third string }
 	res := map[string]map[string]result{}
-	for _, state := range []string{"none", "mark", "live", "expired", "c", "u"} {
+	for _, state := range []string{"none", "live", "expired", "c", "u"} {
 		for _, hold := range []string{"", "1"} {
 			for _, recForm := range []string{"", "s"} {
 				for _, wForm := range []string{"", "s"} {
 					n++
 					rk := fmt.Sprintf("rs:{%d}", n)
-					now := time.Now().UnixMilli()
 					fpv := string(make([]byte, 32))
 					// set up with the claim script in recForm
 					switch state {
-					case "mark":
-						rdb.Set(ctx, rk+":m", strconv.FormatInt(now-500, 10), time.Hour)
 					case "live", "expired", "c", "u":
 						lock := 60000
 						if state == "expired" {
 							lock = 1
 						}
-						if _, err := cs.Run(ctx, rdb, []string{rk, rk + ":m"}, "orig", fpv, lock, 3600000, "", "", recForm).Result(); err != nil {
+						if _, err := cs.Run(ctx, rdb, []string{rk}, "orig", fpv, lock, 3600000, "", "", recForm).Result(); err != nil {
 							t.Fatal(err)
 						}
 						if state == "c" || state == "u" {
@@ -55,8 +51,8 @@ func TestReview14gResendAcrossForms(t *testing.T) {
 						}
 					}
 					time.Sleep(5 * time.Millisecond)
-					r1, e1 := cs.Run(ctx, rdb, []string{rk, rk + ":m"}, "me", fpv, 60000, 3600000, "", hold, wForm).Result()
-					r2, e2 := cs.Run(ctx, rdb, []string{rk, rk + ":m"}, "me", fpv, 60000, 3600000, "", hold, wForm).Result()
+					r1, e1 := cs.Run(ctx, rdb, []string{rk}, "me", fpv, 60000, 3600000, "", hold, wForm).Result()
+					r2, e2 := cs.Run(ctx, rdb, []string{rk}, "me", fpv, 60000, 3600000, "", hold, wForm).Result()
 					r3, e3 := comp.Run(ctx, rdb, []string{rk}, "me", "MINE", 3600000, fpv, "", "c", "", wForm).Result()
 					age := func(v any) string {
 						s := fmt.Sprint(v)

@@ -19,7 +19,8 @@ import (
 // is not there is redirected. 0db3b01 built a large string record in a
 // scratch key that never exists: every completion of an answer over 64 KiB
 // was refused for as long as its slot migrated. It is now written in the
-// record key itself, and served as a small one is.
+// record key itself, and served as a small one is; so is the claim of a
+// retry.
 func TestReview71LargeCompletionDuringSlotMigration(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRedirects: 1})
@@ -43,11 +44,15 @@ func TestReview71LargeCompletionDuringSlotMigration(t *testing.T) {
 					t.Errorf("completion of a %d-byte answer (%s records) while slot %d migrates: %v; a one-key completion is served",
 						size, format, slot, err)
 				}
-				// Context, not this change's: claim.lua declares the claim
-				// mark, which is never there, so a request that finds a
-				// record during the migration is refused the same way.
-				_, _, err = s.Acquire(ctx, k, fp("A"), terms)
-				t.Logf("(pre-existing) a claim of the key during the migration: %v", err)
+				// claim.lua declares the record key only (it declared the
+				// claim mark of old versions too, which is never there: a
+				// request that found a record during the migration got
+				// TRYAGAIN, and 503), so the retry is replayed.
+				l2, got, err := s.Acquire(ctx, k, fp("A"), terms)
+				if err != nil || l2 != nil || got == nil || len(got.Body) != size {
+					t.Errorf("a retry of the key (%s records) while slot %d migrates: lease %v, record %v, err %v; want its replay",
+						format, slot, l2 != nil, got != nil, err)
+				}
 			})
 		}
 	}

@@ -141,7 +141,7 @@ func (f fakeScripter) ScriptLoad(ctx context.Context, _ string) *redis.StringCmd
 type scriptByArgs struct{}
 
 func (scriptByArgs) reply(args []any) []any {
-	if _, mark := args[3].(int64); mark { // claim: token, fp, lock, mark, upstream
+	if _, ttl := args[3].(int64); ttl { // claim: token, fp, lock TTL, key TTL, upstream; complete: token, record, TTL, fp
 		return []any{"claimed"}
 	}
 	return []any{"ok"}

@@ -11,9 +11,10 @@
 --            tr   'c', only with tracing: '<trace-id>-<span-id>' of the execution (hex)
 --          Every script reads both forms, whatever it writes: replicas of either setting
 --          share one Redis during a rollout, and a record keeps its form until rewritten.
--- KEYS[2]  claim mark  <prefix>{<hash>}:m, written only by versions before the lock deadline
---                      lived in the record: it outlived their abandoned claims (read, for an
---                      upgrade, when there is no record; never written)
+--          Versions before 2026-11-23 also wrote a claim mark <key>:m beside an
+--          in-flight record; it is no longer read (nor declared: a key that is not
+--          there is refused while Redis Cluster migrates its slot). See README,
+--          "Upgrading and rolling back".
 -- ARGV[1]  token       random, unique per claim
 -- ARGV[2]  fingerprint sha-256 of what the profile compares (32 raw bytes)
 -- ARGV[3]  lock TTL    ms; the claim holds the key this long (judged on Redis TIME)
@@ -50,43 +51,39 @@
 --   {"unknown", "504", "held"}  ... and this request found its lock expired and held it
 --
 -- Records of versions before 'ld' existed expire with their lock (PEXPIRE) and
--- are in flight until then; their abandoned claims are found by the mark.
+-- are in flight until then.
 
 local S = ARGV[7] == 's'
 
 -- The fast paths, first and without a function or a table: a key with no
--- record and no mark, as every first request finds it. Lua's closures and
--- tables are garbage Redis collects on its own time; the general path below
--- (behind the record codec) makes them, for every other case.
--- What the fast paths read, handed on to the general path. mark, the claim
--- mark, is read whenever there is no record.
-local m, h, refused, mark
+-- record, as every first request finds it. Lua's closures and tables are
+-- garbage Redis collects on its own time; the general path below, behind the
+-- codec, makes them, for every other case. What the fast paths read or were
+-- told, handed on to the general path: h, the hash fields; refused, SET NX's
+-- answer; now, Redis's clock.
+local h, refused, now
 if S then
-  -- One MGET reads the record and the mark; a nil there is no string, but
-  -- may be a hash: SET NX tells. A Redis that refuses writes (NOREPLICAS,
-  -- READONLY, OOM, MISCONF) refuses SET NX before looking at the key, so its
-  -- error stands only if there is no hash either (the general path).
-  m = redis.call('MGET', KEYS[1], KEYS[2])
-  if not m[1] and not m[2] then
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    local at, ld = string.format('%d', now), string.format('%d', now + tonumber(ARGV[3]))
-    -- enc({st = 'i', tok, fp, up, at, ld}); the arguments' lengths are the
-    -- client's: 16, 32, 16 or 0.
-    refused = redis.pcall('SET', KEYS[1], 'R2' .. string.char(1, #ARGV[1], #ARGV[2], #ARGV[5], #at, #ld, 0, 0) ..
-      'i' .. ARGV[1] .. ARGV[2] .. ARGV[5] .. at .. ld, 'NX', 'PX', ARGV[4])
-    if refused and not refused.err then
-      return {'claimed'}
-    end
+  -- Write first: SET NX is the read for a key with no record, so a first
+  -- request costs TIME and one write. It answers false for any key that is
+  -- there (a string record, a hash, another type), which the general path
+  -- then reads. A Redis that refuses writes (NOREPLICAS, READONLY, OOM,
+  -- MISCONF) refuses SET NX before looking at the key; its error stands only
+  -- if there is no record to answer from (the general path).
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local at, ld = string.format('%d', now), string.format('%d', now + tonumber(ARGV[3]))
+  -- enc({st = 'i', tok, fp, up, at, ld}); the arguments' lengths are the
+  -- client's: 16, 32, 16 or 0.
+  refused = redis.pcall('SET', KEYS[1], 'R2' .. string.char(1, #ARGV[1], #ARGV[2], #ARGV[5], #at, #ld, 0, 0) ..
+    'i' .. ARGV[1] .. ARGV[2] .. ARGV[5] .. at .. ld, 'NX', 'PX', ARGV[4])
+  if refused and not refused.err then
+    return {'claimed'}
   end
 else
   h = redis.pcall('HMGET', KEYS[1], 'st', 'fp', 'rec', 'tok', 'up', 'ld', 'at', 'tr', 'ct')
   if not h.err and not h[1] then
-    mark = redis.call('GET', KEYS[2])
-  end
-  if mark == false then
     local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     redis.call('HSET', KEYS[1], 'st', 'i', 'tok', ARGV[1], 'fp', ARGV[2], 'at', string.format('%d', now),
       'ld', string.format('%d', now + tonumber(ARGV[3])), 'up', ARGV[5])
     redis.call('PEXPIRE', KEYS[1], ARGV[4])
@@ -167,7 +164,7 @@ end
 -- ('R1' was another layout, of unreleased commits: it reads as not a record.)
 -- end of record codec
 
-local now = nil -- Redis's clock, read only when a lock is judged or written
+-- now is Redis's clock, read only when a lock is judged or written.
 local function clock()
   if not now then
     local t = redis.call('TIME')
@@ -205,27 +202,21 @@ local function readHash()
   end
 end
 if S then
-  mark = m[2]
-  if m[1] then
-    if not readString(m[1]) then
+  -- SET NX found the key there, or was refused.
+  local v = redis.pcall('GET', KEYS[1])
+  if type(v) == 'string' then
+    if not readString(v) then
       return notrecord()
     end
   else
-    if refused == nil then
-      -- A mark: claim first, as the fast path would have; the mark below
-      -- decides what the claim becomes.
-      refused = redis.pcall('SET', KEYS[1], enc(claimRecord(string.format('%d', clock()))), 'NX', 'PX', ARGV[4])
+    -- No string: a hash (WRONGTYPE), another type (the same, and HMGET's
+    -- error stands), or nothing, when SET NX was refused.
+    local e = readHash()
+    if e then
+      return e
     end
-    if refused and not refused.err then
-      kind = 's' -- ours now
-    else
-      local e = readHash()
-      if e then
-        return e
-      end
-      if refused and not cur then
-        return refused -- refused, and no record to answer from
-      end
+    if refused and not cur then
+      return refused -- refused, and no record to answer from
     end
   end
 elseif readHash() then
@@ -305,26 +296,6 @@ if cur then
   end
 end
 
-if not cur then
-  if mark then
-    -- An abandoned claim of an earlier version: its lock expired with its record.
-    redis.call('DEL', KEYS[2])
-    if ARGV[6] == '1' then
-      local snow = string.format('%d', clock())
-      put({st = 'u', tok = '', fp = ARGV[2], up = ARGV[5], rec = '504', at = mark, ct = snow}, ARGV[4])
-      return {'unknown', '504', 'held'}
-    end
-    prev = mark
-  end
-end
-
-if kind == 's' and S and not cur then
-  -- Claimed by the SET NX above; only the mark had to be looked at.
-  if prev then
-    return {'takeover', string.format('%d', now - tonumber(prev))}
-  end
-  return {'claimed'}
-end
 local snow = string.format('%d', clock())
 if S or kind == 's' then
   put(claimRecord(snow), ARGV[4])
