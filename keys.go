@@ -91,7 +91,7 @@ Flags:
 `,
 	"purge": `Usage: idemproxy keys purge KEY_HASH [--state in_flight|completed|unknown]
 
-Deletes the record of KEY_HASH (and its claim mark), and tells every running
+Deletes the record of KEY_HASH, and tells every running
 proxy to drop it from its replay cache (Pub/Sub on KEY_PREFIX + "purge"):
 the next request with that key executes. Prints {"key_hash":...,"purged":true};
 purged is false, with a note on stderr, when nothing was there (exit 0).
@@ -616,7 +616,7 @@ func (kc *keysCmd) purgeFlags() func(context.Context, []string) error {
 				case errors.Is(err, claim.ErrClaimLive):
 					return fmt.Errorf("key_hash %s not purged: it is in flight, but not abandoned: %w; a request holds it (perhaps one that took it over since you looked); plain keys purge deletes it all the same", k, err)
 				case found == "":
-					return fmt.Errorf("key_hash %s not purged: no record (never claimed, expired, released or purged; KEY_PREFIX=%q), not --state=%s; plain keys purge also removes a claim mark a version before 2026-11-23 left; if a purge of it could not announce itself, keys forget %s tells the replicas", k, kc.cfg.KeyPrefix, *state, k)
+					return fmt.Errorf("key_hash %s not purged: no record (never claimed, expired, released or purged; KEY_PREFIX=%q), not --state=%s; if a purge of it could not announce itself, keys forget %s tells the replicas", k, kc.cfg.KeyPrefix, *state, k)
 				}
 				return fmt.Errorf("key_hash %s not purged: its record is %s, not --state=%s", k, found, *state)
 			}

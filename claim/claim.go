@@ -302,10 +302,6 @@ func (s *Store) keys(k Key) []string {
 	return []string{RecordKey(s.prefix, k)}
 }
 
-// markKey is the claim mark that versions before 2026-11-23 wrote beside
-// record key rec. Nothing reads it; a purge still deletes one left over.
-func markKey(rec string) string { return rec + ":m" }
-
 // RecordKey is the Redis key of k's record under prefix (KEY_PREFIX).
 func RecordKey(prefix string, k Key) string {
 	var buf [2 * sha256.Size]byte

@@ -229,14 +229,15 @@ func (in *Inspector) parseRecordKey(name string) (Key, bool) {
 	return k, err == nil
 }
 
-// Purge deletes the record of k and its claim mark (one slot: one DEL),
-// then announces the purge on PurgeChannel so that every replica drops k
+// Purge deletes the record of k (one key: a claim mark that a version
+// before 2026-11-23 left beside it is read by nothing, and a DEL naming it
+// too would be refused while Redis Cluster migrates the slot), then announces the purge on PurgeChannel so that every replica drops k
 // from its replay cache (see Store.WatchPurges). It reports whether there
 // was anything to delete. The announcement is sent either way: a replica
 // may still hold a record that Redis no longer has.
 func (in *Inspector) Purge(ctx context.Context, k Key) (bool, error) {
 	rec := RecordKey(in.prefix, k)
-	n, err := in.rdb.Del(ctx, rec, markKey(rec)).Result()
+	n, err := in.rdb.Del(ctx, rec).Result()
 	if err != nil {
 		return false, fmt.Errorf("delete %s: %w", k, err)
 	}
@@ -301,14 +302,14 @@ func (in *Inspector) PurgeIf(ctx context.Context, k Key, want State) (State, boo
 			}
 		}
 		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			p.Del(ctx, rec, markKey(rec))
+			p.Del(ctx, rec)
 			return nil
 		})
 		return err
 	}
 	var err error
 	for range 3 {
-		if err = in.rdb.Watch(ctx, txn, rec, markKey(rec)); !errors.Is(err, redis.TxFailedErr) {
+		if err = in.rdb.Watch(ctx, txn, rec); !errors.Is(err, redis.TxFailedErr) {
 			break
 		}
 	}

@@ -1,0 +1,239 @@
+package claim_test
+
+import (
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/scripts"
+)
+
+// TestStringDuplicateCommands: with RECORD_FORMAT=string the claim writes
+// first (TIME, SET NX PX), so a duplicate that reaches Redis runs those two
+// before it reads the record (README "Record format", found by review 75:
+// the README said one command more than before 2026-12-01; a replay runs 4
+// where MGET and PTTL were 2). Counted with INFO commandstats.
+func TestStringDuplicateCommands(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	cur := redis.NewScript(scripts.Claim)
+	for _, dup := range []struct {
+		name string
+		st   string
+		fp   string
+		want map[string]int64
+	}{
+		{"replay of a completed key", "c", r75fp, map[string]int64{"time": 1, "set": 1, "get": 1, "pttl": 1}},
+		{"in flight", "i", r75fp, map[string]int64{"time": 1, "set": 1, "get": 1}},
+		{"another fingerprint (422)", "c", strings.Repeat("g", 32), map[string]int64{"time": 1, "set": 1, "get": 1}},
+	} {
+		t.Run(dup.name, func(t *testing.T) {
+			key := "r75cnt:{" + dup.name + "}"
+			now := rdb.Time(ctx).Val().UnixMilli()
+			v := r75enc(dup.st, r75other, r75fp, r75up, fmt.Sprint(now), fmt.Sprint(now+60000), "", "", "ANSWER")
+			if err := rdb.Set(ctx, key, v, time.Hour).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := cur.Run(ctx, rdb, []string{key}, r75tok, dup.fp, 30000, 600000, r75up, "", "s", "").Err(); err != nil {
+				t.Fatal(err)
+			}
+			got := commandStats(t, rdb.Info(ctx, "commandstats").Val())
+			delete(got, "evalsha")
+			delete(got, "eval")
+			if !reflect.DeepEqual(got, dup.want) {
+				t.Errorf("%s, string record: %v; want %v", dup.name, got, dup.want)
+			}
+		})
+	}
+}
+
+// TestPurgeDuringSlotMigration (review 75): while Redis Cluster migrates a
+// slot, a command naming a key that is not there is refused (TRYAGAIN).
+// Purge and PurgeIf named the record and the pre-2026-11-23 claim mark,
+// which is never there, in one DEL (and one WATCH): the operator's way out
+// of an unknown key failed for as long as its slot migrated. They name the
+// record only.
+func TestPurgeDuringSlotMigration(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRedirects: 1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	prefix := "r75purge:"
+	s := claim.NewStore(rdb, prefix, nil)
+	in := claim.NewInspector(rdb, prefix)
+	terms := claim.Terms{LockTTL: time.Minute, TTL: time.Hour, Hold: true}
+	for _, how := range []string{"Purge", "PurgeIf(unknown)"} {
+		t.Run(how, func(t *testing.T) {
+			k := claim.NewKey(nil, how)
+			l, _, err := s.Acquire(ctx, k, fp("A"), terms)
+			if err != nil || l == nil {
+				t.Fatalf("claim: %v", err)
+			}
+			if err := l.Hold(ctx, 504, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			_, _, slot := migratingSlot(t, cl, claim.RecordKey(prefix, k))
+			if how == "Purge" {
+				_, err = in.Purge(ctx, k)
+			} else {
+				_, _, err = in.PurgeIf(ctx, k, claim.StateUnknown)
+			}
+			if err != nil {
+				t.Errorf("%s of an unknown key while slot %d migrates: %v; a one-key DEL is served", how, slot, err)
+			}
+		})
+	}
+}
+
+// TestClaimTimesOnRedisClock (passes: evidence, not a finding):
+// the claim record's at and ld, a takeover's age and a hold's ct come from
+// Redis TIME, in both forms: miniredis's clock is set two years back, so a
+// proxy clock (or a stale now) would show.
+func TestClaimTimesOnRedisClock(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	virt := time.Now().Add(-2 * 365 * 24 * time.Hour).Truncate(time.Millisecond)
+	mr.SetTime(virt)
+	vms := virt.UnixMilli()
+	for _, str := range []bool{true, false} {
+		s := claim.NewStore(rdb, fmt.Sprintf("r75clk%v:", str), nil, claim.StringRecords(str))
+		in := claim.NewInspector(rdb, fmt.Sprintf("r75clk%v:", str))
+		k := claim.NewKey(nil, "clock")
+		if _, _, err := s.Acquire(ctx, k, fp("A"), claim.Terms{LockTTL: time.Second, TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		e, err := in.Get(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.ClaimedAt.UnixMilli() != vms || e.LockExpiresAt.UnixMilli() != vms+1000 {
+			t.Errorf("string %v: claimed at %v, lock until %v; want Redis's %v and +1s", str, e.ClaimedAt, e.LockExpiresAt, virt)
+		}
+		mr.SetTime(virt.Add(5 * time.Second))
+		l, _, err := s.Acquire(ctx, k, fp("A"), claim.Terms{LockTTL: time.Second, TTL: time.Hour})
+		if err != nil || l == nil || !l.TakenOver || l.TakeoverAge != 5*time.Second {
+			t.Errorf("string %v: takeover %v age %v err %v; want age 5s on Redis's clock", str, l != nil && l.TakenOver, l.TakeoverAge, err)
+		}
+		mr.SetTime(virt.Add(10 * time.Second))
+		_, _, err = s.Acquire(ctx, k, fp("A"), claim.Terms{LockTTL: time.Second, TTL: time.Hour, Hold: true})
+		if err == nil {
+			t.Fatalf("string %v: hold of an expired lock: no error", str)
+		}
+		e, err = in.Get(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.State != claim.StateUnknown || e.CompletedAt.UnixMilli() != vms+10000 || e.ClaimedAt.UnixMilli() != vms+5000 {
+			t.Errorf("string %v: held: %+v; want unknown, ct at Redis's +10s, at +5s", str, e)
+		}
+		mr.SetTime(virt)
+	}
+}
+
+// TestClaimStatesDuringSlotMigration (passes: evidence, not a
+// finding): while the key's slot migrates, claim.lua (one key, write first)
+// serves an in-flight duplicate, a takeover after the lock and a hold after
+// the lock, with the record on the source (claimed before the migration
+// began) or on the target (claimed during it: ASK), in both record forms.
+func TestClaimStatesDuringSlotMigration(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRedirects: 1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	for _, where := range []string{"source", "target"} {
+		for _, str := range []bool{true, false} {
+			for _, hold := range []bool{false, true} {
+				name := fmt.Sprintf("%s/string=%v/hold=%v", where, str, hold)
+				t.Run(name, func(t *testing.T) {
+					prefix := "r75mig:"
+					s := claim.NewStore(rdb, prefix, nil, claim.StringRecords(str))
+					terms := claim.Terms{LockTTL: 300 * time.Millisecond, TTL: time.Hour, Hold: hold}
+					k := claim.NewKey(nil, name)
+					key := claim.RecordKey(prefix, k)
+					first := func() {
+						if l, _, err := s.Acquire(ctx, k, fp("A"), terms); err != nil || l == nil {
+							t.Fatalf("first claim (%s): %v", where, err)
+						}
+					}
+					if where == "source" {
+						first()
+					}
+					_, _, slot := migratingSlot(t, cl, key)
+					if where == "target" {
+						first()
+					}
+					if _, _, err := s.Acquire(ctx, k, fp("A"), terms); err != claim.ErrInFlight {
+						t.Errorf("in-flight duplicate while slot %d migrates: %v", slot, err)
+					}
+					time.Sleep(400 * time.Millisecond)
+					l, _, err := s.Acquire(ctx, k, fp("A"), terms)
+					if hold {
+						if _, ok := err.(*claim.UnknownError); !ok {
+							t.Errorf("hold after the lock while slot %d migrates: lease %v err %v", slot, l != nil, err)
+						}
+					} else if err != nil || l == nil || !l.TakenOver {
+						t.Errorf("takeover while slot %d migrates: lease %v err %v", slot, l != nil, err)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestDuplicatePropagatesNothing (passes: evidence, not a finding):
+// with REDIS_WAIT_REPLICAS, WAIT follows the script on its connection and
+// counts that connection's last propagated write. A duplicate's SET NX that
+// finds the key (replay, in flight, mismatch) propagates nothing: the
+// master's replication offset does not move, so WAIT after a duplicate is
+// what it was before bd9d5d9. And a replay with WaitReplicas still replays.
+func TestDuplicatePropagatesNothing(t *testing.T) {
+	master := redistest.Start(t)
+	replica := redistest.Start(t, fmt.Sprintf("replicaof 127.0.0.1 %d", master.Port()))
+	mc := master.Client()
+	redistest.WaitReplicated(t, master, replica, 10*time.Second)
+	offset := func() string {
+		for _, l := range strings.Split(mc.Info(ctx, "replication").Val(), "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(l), "master_repl_offset:"); ok {
+				return v
+			}
+		}
+		t.Fatal("no master_repl_offset")
+		return ""
+	}
+	s := claim.NewStore(mc, "r75wait:", nil, claim.StringRecords(true), claim.WaitReplicas(1, 2*time.Second))
+	terms := claim.Terms{LockTTL: time.Minute, TTL: time.Hour}
+	done, busy := claim.NewKey(nil, "done"), claim.NewKey(nil, "busy")
+	l, _, err := s.Acquire(ctx, done, fp("A"), terms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Complete(ctx, &claim.Record{Status: 201, Body: []byte("x")}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Acquire(ctx, busy, fp("A"), terms); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1100 * time.Millisecond) // past a replica ping (REPLCONF) the offset would count
+	for _, tc := range []struct {
+		k  claim.Key
+		fp string
+	}{{done, "A"}, {busy, "A"}, {done, "B"}} {
+		o0 := offset()
+		l, r, err := s.Acquire(ctx, tc.k, fp(tc.fp), terms)
+		if o1 := offset(); o1 != o0 {
+			t.Errorf("a duplicate moved the replication offset %s -> %s", o0, o1)
+		}
+		if tc.k == done && tc.fp == "A" && (l != nil || r == nil || err != nil) {
+			t.Errorf("replay with WaitReplicas: lease %v record %v err %v", l != nil, r, err)
+		}
+	}
+}
