@@ -231,8 +231,9 @@ func (in *Inspector) parseRecordKey(name string) (Key, bool) {
 
 // Purge deletes the record of k (one key: a claim mark that a version
 // before 2026-11-23 left beside it is read by nothing, and a DEL naming it
-// too would be refused while Redis Cluster migrates the slot), then announces the purge on PurgeChannel so that every replica drops k
-// from its replay cache (see Store.WatchPurges). It reports whether there
+// too would be refused while Redis Cluster migrates the slot), then
+// announces the purge on PurgeChannel so that every replica drops k from its
+// replay cache (see Store.WatchPurges). It reports whether there
 // was anything to delete. The announcement is sent either way: a replica
 // may still hold a record that Redis no longer has.
 func (in *Inspector) Purge(ctx context.Context, k Key) (bool, error) {

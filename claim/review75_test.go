@@ -194,7 +194,8 @@ func TestClaimStatesDuringSlotMigration(t *testing.T) {
 // counts that connection's last propagated write. A duplicate's SET NX that
 // finds the key (replay, in flight, mismatch) propagates nothing: the
 // master's replication offset does not move, so WAIT after a duplicate is
-// what it was before bd9d5d9. And a replay with WaitReplicas still replays.
+// what it was when the claim read before it wrote. And a replay with
+// WaitReplicas still replays.
 func TestDuplicatePropagatesNothing(t *testing.T) {
 	master := redistest.Start(t)
 	replica := redistest.Start(t, fmt.Sprintf("replicaof 127.0.0.1 %d", master.Port()))
@@ -237,3 +238,17 @@ func TestDuplicatePropagatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// r75enc encodes a string record as the scripts do.
+func r75enc(st, tok, fp, up, at, ld, ct, tr, rec string) string {
+	return "R2" + string([]byte{byte(len(st)), byte(len(tok)), byte(len(fp)), byte(len(up)), byte(len(at)),
+		byte(len(ld)), byte(len(ct)), byte(len(tr))}) + st + tok + fp + up + at + ld + ct + tr + rec
+}
+
+const (
+	r75tok   = "tokentokentoken1" // the caller's token (16 bytes)
+	r75other = "othertokenother2"
+	r75up    = "upstreamupstream"
+)
+
+var r75fp = strings.Repeat("f", 32)
