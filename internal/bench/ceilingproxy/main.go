@@ -38,6 +38,13 @@
 // must read before it writes), one write in each script on every first
 // request.
 //
+// With -design onehash it is onewrite with the record kept as a hash, as
+// idemproxy keeps it by default (RECORD_FORMAT=hash): Redis has no
+// create-if-absent of a hash with a TTL, so the claim is HMGET, HSET and
+// PEXPIRE of the lock TTL, the completion HGET of the token, HSET of the
+// record and PEXPIRE of the record TTL. The least such a design asks of
+// Redis for a first request: six commands where onewrite runs three.
+//
 // The scripts design is not the least any design can cost: its scripts read
 // TIME to keep a lock deadline and to tell a late completion, as idemproxy
 // does (onewrite does neither), and a design that claims with a plain SET NX
@@ -160,11 +167,50 @@ redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 'ok'
 `
 
+// claimHashLua is -design onehash's claim: onewrite's with the record a
+// hash, as idemproxy keeps it by default (RECORD_FORMAT=hash). A hash has
+// no create-if-absent with a TTL, so the claim reads (HMGET), writes
+// (HSET) and sets the lock TTL (PEXPIRE): the lock expires with the key,
+// on Redis's clock. ARGV: token, fingerprint, lock ms.
+const claimHashLua = `
+local v = redis.call('HMGET', KEYS[1], 'tok', 'fp', 'rec')
+if not v[1] then
+  redis.call('HSET', KEYS[1], 'tok', ARGV[1], 'fp', ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {'claimed'}
+end
+if v[1] == ARGV[1] then
+  return {'claimed'} -- our own claim: the client resent the script after losing the reply
+end
+if v[2] ~= ARGV[2] then
+  return {'mismatch'}
+end
+if v[3] then
+  return {'replay', v[3]}
+end
+return {'inflight'}
+`
+
+// completeHashLua is -design onehash's completion: HGET of the token,
+// compared, HSET of the record and PEXPIRE of the record TTL. As with
+// onewrite, nothing is written over another claim or an expired one.
+// ARGV: token, encoded record, record TTL ms.
+const completeHashLua = `
+if redis.call('HGET', KEYS[1], 'tok') ~= ARGV[1] then
+  return 'lost'
+end
+redis.call('HSET', KEYS[1], 'rec', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 'ok'
+`
+
 var (
-	claimScript       = redis.NewScript(claimLua)
-	completeScript    = redis.NewScript(completeLua)
-	claimOneScript    = redis.NewScript(claimOneLua)
-	completeOneScript = redis.NewScript(completeOneLua)
+	claimHashScript    = redis.NewScript(claimHashLua)
+	completeHashScript = redis.NewScript(completeHashLua)
+	claimScript        = redis.NewScript(claimLua)
+	completeScript     = redis.NewScript(completeLua)
+	claimOneScript     = redis.NewScript(claimOneLua)
+	completeOneScript  = redis.NewScript(completeOneLua)
 )
 
 const (
@@ -184,7 +230,7 @@ type redisClient interface {
 type ceiling struct {
 	rp     *httputil.ReverseProxy
 	rdb    redisClient // nil: no Redis, the scripts are skipped (-redis "")
-	design string      // -design: scripts, onewrite or commands
+	design string      // -design: scripts, onewrite, onehash or commands
 
 	mu       sync.Mutex
 	replayed map[[sha256.Size]byte]replayed // by key hash, at most maxReplayed
@@ -272,6 +318,8 @@ func (c *ceiling) claim(ctx context.Context, rk string, tok, fp []byte) ([]any, 
 		return claimScript.Run(ctx, c.rdb, []string{rk}, string(tok), fp, lockTTL, recordTTL).Slice()
 	case "onewrite":
 		return claimOneScript.Run(ctx, c.rdb, []string{rk}, string(tok), fp, lockTTL).Slice()
+	case "onehash":
+		return claimHashScript.Run(ctx, c.rdb, []string{rk}, string(tok), fp, lockTTL).Slice()
 	}
 	v, err := c.rdb.SetArgs(ctx, rk, "i"+string(tok)+string(fp), redis.SetArgs{Mode: "NX", Get: true, TTL: time.Duration(recordTTL) * time.Millisecond}).Result()
 	switch {
@@ -294,8 +342,11 @@ func (c *ceiling) claim(ctx context.Context, rk string, tok, fp []byte) ([]any, 
 // does (-design onewrite), or with a plain SET EX (-design commands: no
 // token check, so never "lost").
 func (c *ceiling) complete(ctx context.Context, rk string, tok string, fp, enc []byte) (string, error) {
-	if c.design == "scripts" {
+	switch c.design {
+	case "scripts":
 		return completeScript.Run(ctx, c.rdb, []string{rk}, tok, enc, recordTTL).Text()
+	case "onehash":
+		return completeHashScript.Run(ctx, c.rdb, []string{rk}, tok, enc, recordTTL).Text()
 	}
 	v := make([]byte, 0, 49+len(enc))
 	v = append(append(append(append(v, 'c'), tok...), fp...), enc...)
@@ -348,7 +399,7 @@ func (c *ceiling) record(resp *http.Response) error {
 }
 
 // newCeiling forwards to u and claims in the Redis at redisAddr ("" for
-// none) in design (scripts, onewrite or commands).
+// none) in design (scripts, onewrite, onehash or commands).
 func newCeiling(u *url.URL, redisAddr, design string) (*ceiling, error) {
 	c := &ceiling{replayed: map[[sha256.Size]byte]replayed{}, design: design}
 	if redisAddr != "" {
@@ -382,11 +433,11 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "listen address")
 	upstream := flag.String("upstream", "", "upstream base URL (required)")
 	redisAddr := flag.String("redis", "", "redis-server host:port; \"\": no Redis, the scripts are skipped")
-	design := flag.String("design", "scripts", "scripts: claim and complete scripts; onewrite: two scripts of one write each (SET NX GET PX; GET, the token checked in Lua, SET PX; no clock); commands: a plain SET NX GET EX and a plain SET EX (no lock deadline, no token check)")
+	design := flag.String("design", "scripts", "scripts: claim and complete scripts; onewrite: two scripts of one write each (SET NX GET PX; GET, the token checked in Lua, SET PX; no clock); onehash: onewrite with hash records (HMGET, HSET, PEXPIRE; HGET, the token checked, HSET, PEXPIRE); commands: a plain SET NX GET EX and a plain SET EX (no lock deadline, no token check)")
 	flag.Parse()
 
-	if *design != "scripts" && *design != "onewrite" && *design != "commands" {
-		fmt.Fprintf(os.Stderr, "ceilingproxy: -design %q: want scripts, onewrite or commands\n", *design)
+	if *design != "scripts" && *design != "onewrite" && *design != "onehash" && *design != "commands" {
+		fmt.Fprintf(os.Stderr, "ceilingproxy: -design %q: want scripts, onewrite, onehash or commands\n", *design)
 		os.Exit(2)
 	}
 

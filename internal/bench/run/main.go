@@ -77,7 +77,8 @@ type config struct {
 	// "redis", a bare proxy plus a minimal two-script design; "local", the
 	// same work without Redis; "onewrite", the same with two scripts of one
 	// write each (the least a design with the contract's scripted claim and
-	// an exactly fenced completion asks of Redis 7); "commands", the same with a plain
+	// an exactly fenced completion asks of Redis 7); "onehash", onewrite
+	// with hash records (idemproxy's default form); "commands", the same with a plain
 	// SET NX GET EX and a plain SET EX instead of the scripts (the least any
 	// design writes). "" for idemproxy.
 	idemCeiling string
@@ -177,8 +178,8 @@ func parseFlags(args []string) (*config, int) {
 	cpus := fs.String("cpus", "wrk=0,proxy=1,upstream=1,redis=1", "taskset cpu list per role")
 	fs.BoolVar(&cfg.idemBare, "idem-bare", false, "self-test: a second bare proxy takes idemproxy's slot (ratios show the noise floor)")
 	fs.StringVar(&cfg.idemBin, "idem-bin", "", "benchmark this idemproxy binary instead of building the tree")
-	fs.StringVar(&cfg.idemCeiling, "idem-ceiling", "", "internal/bench/ceilingproxy takes idemproxy's slot: redis (a bare proxy plus a minimal two-script design: body and answer in memory, key and fingerprint hashed, two small Redis scripts; -only unique,replay,mixed,open), local (the same without Redis; -only unique,open), onewrite (the same with two scripts of one write each, SET NX GET PX, then GET, the token checked in Lua, and SET PX: the least a design with the contract's scripted claim and an exactly fenced completion asks of Redis 7; -only as redis) or commands (the same with a plain SET NX GET EX and a plain SET EX instead of the scripts, the least any design writes; -only as redis)")
-	fs.StringVar(&cfg.ceiling, "ceiling", "", "add internal/bench/ceilingproxy (redis, local, onewrite or commands, as -idem-ceiling) as a third target to the closed-loop rounds, alternated with bare and idemproxy in the same run; -only unique,replay,mixed (local: unique). strings: idemproxy itself with RECORD_FORMAT=string as the third target, reported as idem(string)")
+	fs.StringVar(&cfg.idemCeiling, "idem-ceiling", "", "internal/bench/ceilingproxy takes idemproxy's slot: redis (a bare proxy plus a minimal two-script design: body and answer in memory, key and fingerprint hashed, two small Redis scripts; -only unique,replay,mixed,open), local (the same without Redis; -only unique,open), onewrite (the same with two scripts of one write each, SET NX GET PX, then GET, the token checked in Lua, and SET PX: the least a design with the contract's scripted claim and an exactly fenced completion asks of Redis 7; -only as redis) onehash (onewrite with hash records, as idemproxy keeps them by default: HMGET, HSET, PEXPIRE; HGET, the token checked, HSET, PEXPIRE; -only as redis) or commands (the same with a plain SET NX GET EX and a plain SET EX instead of the scripts, the least any design writes; -only as redis)")
+	fs.StringVar(&cfg.ceiling, "ceiling", "", "add internal/bench/ceilingproxy (redis, local, onewrite, onehash or commands, as -idem-ceiling) as a third target to the closed-loop rounds, alternated with bare and idemproxy in the same run; -only unique,replay,mixed (local: unique). strings: idemproxy itself with RECORD_FORMAT=string as the third target, reported as idem(string)")
 	var idemEnv listFlag
 	fs.Var(&idemEnv, "idem-env", "extra KEY=VALUE in idemproxy's environment (repeatable)")
 	fs.StringVar(&cfg.twinBin, "ceiling-bin", "", "a second idemproxy binary as the third target (implies -ceiling "+ceilingTwin+"): two builds alternate round by round in one run, with -idem-env, reported as idem(B); -only unique,replay,mixed")
@@ -939,20 +940,20 @@ func copyFile(dst, src string) error {
 }
 
 // ceilingArgs are internal/bench/ceilingproxy's arguments in mode: "local"
-// gives it no Redis, "onewrite" and "commands" their designs.
+// gives it no Redis, "onewrite", "onehash" and "commands" their designs.
 func ceilingArgs(mode, listen, upstream, redisAddr string) []string {
 	design := "scripts"
 	switch mode {
 	case "local":
 		redisAddr = ""
-	case "onewrite", "commands":
+	case "onewrite", "onehash", "commands":
 		design = mode
 	}
 	return []string{"-listen", listen, "-upstream", upstream, "-redis", redisAddr, "-design", design}
 }
 
 // ceilingModes are the modes of -ceiling and -idem-ceiling.
-var ceilingModes = []string{"redis", "local", "onewrite", "commands"}
+var ceilingModes = []string{"redis", "local", "onewrite", "onehash", "commands"}
 
 // ceilingStrings, as -ceiling, makes the third target idemproxy itself with
 // RECORD_FORMAT=string: the two record formats alternate in one run.

@@ -709,6 +709,7 @@ func TestCeilingArgs(t *testing.T) {
 		"redis":    {"-listen", "L", "-upstream", "U", "-redis", "R", "-design", "scripts"},
 		"local":    {"-listen", "L", "-upstream", "U", "-redis", "", "-design", "scripts"},
 		"onewrite": {"-listen", "L", "-upstream", "U", "-redis", "R", "-design", "onewrite"},
+		"onehash":  {"-listen", "L", "-upstream", "U", "-redis", "R", "-design", "onehash"},
 		"commands": {"-listen", "L", "-upstream", "U", "-redis", "R", "-design", "commands"},
 	}
 	for _, mode := range ceilingModes {
