@@ -40,10 +40,11 @@
 //
 // With -design onehash it is onewrite with the record kept as a hash, as
 // idemproxy keeps it by default (RECORD_FORMAT=hash): Redis has no
-// create-if-absent of a hash with a TTL, so the claim is HMGET, HSET and
-// PEXPIRE of the lock TTL, the completion HGET of the token, HSET of the
-// record and PEXPIRE of the record TTL. The least such a design asks of
-// Redis for a first request: six commands where onewrite runs three.
+// create-if-absent of a hash with a TTL, so the claim is HSETNX of one
+// field (token and fingerprint) and PEXPIRE of the lock TTL, the
+// completion HGET of that field, the token compared, HSET of the record and
+// PEXPIRE of the record TTL. The least such a design asks of Redis for a
+// first request: five commands where onewrite runs three.
 //
 // The scripts design is not the least any design can cost: its scripts read
 // TIME to keep a lock deadline and to tell a late completion, as idemproxy
@@ -168,35 +169,37 @@ return 'ok'
 `
 
 // claimHashLua is -design onehash's claim: onewrite's with the record a
-// hash, as idemproxy keeps it by default (RECORD_FORMAT=hash). A hash has
-// no create-if-absent with a TTL, so the claim reads (HMGET), writes
-// (HSET) and sets the lock TTL (PEXPIRE): the lock expires with the key,
-// on Redis's clock. ARGV: token, fingerprint, lock ms.
+// hash, as idemproxy keeps it by default (RECORD_FORMAT=hash). Redis has no
+// create-if-absent of a hash with a TTL: the claim is HSETNX of one field,
+// c (token and fingerprint), which creates the hash only when the key is
+// free, and PEXPIRE of the lock TTL (the lock expires with the key, on
+// Redis's clock). A key that is there is then read (HMGET). ARGV: token,
+// fingerprint, lock ms.
 const claimHashLua = `
-local v = redis.call('HMGET', KEYS[1], 'tok', 'fp', 'rec')
-if not v[1] then
-  redis.call('HSET', KEYS[1], 'tok', ARGV[1], 'fp', ARGV[2])
+if redis.call('HSETNX', KEYS[1], 'c', ARGV[1] .. ARGV[2]) == 1 then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {'claimed'}
 end
-if v[1] == ARGV[1] then
+local v = redis.call('HMGET', KEYS[1], 'c', 'rec')
+if v[1] and string.sub(v[1], 1, 16) == ARGV[1] then
   return {'claimed'} -- our own claim: the client resent the script after losing the reply
 end
-if v[2] ~= ARGV[2] then
+if not v[1] or string.sub(v[1], 17) ~= ARGV[2] then
   return {'mismatch'}
 end
-if v[3] then
-  return {'replay', v[3]}
+if v[2] then
+  return {'replay', v[2]}
 end
 return {'inflight'}
 `
 
-// completeHashLua is -design onehash's completion: HGET of the token,
-// compared, HSET of the record and PEXPIRE of the record TTL. As with
-// onewrite, nothing is written over another claim or an expired one.
+// completeHashLua is -design onehash's completion: HGET of the claim,
+// its token compared, HSET of the record and PEXPIRE of the record TTL. As
+// with onewrite, nothing is written over another claim or an expired one.
 // ARGV: token, encoded record, record TTL ms.
 const completeHashLua = `
-if redis.call('HGET', KEYS[1], 'tok') ~= ARGV[1] then
+local v = redis.call('HGET', KEYS[1], 'c')
+if not v or string.sub(v, 1, 16) ~= ARGV[1] then
   return 'lost'
 end
 redis.call('HSET', KEYS[1], 'rec', ARGV[2])
@@ -433,7 +436,7 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "listen address")
 	upstream := flag.String("upstream", "", "upstream base URL (required)")
 	redisAddr := flag.String("redis", "", "redis-server host:port; \"\": no Redis, the scripts are skipped")
-	design := flag.String("design", "scripts", "scripts: claim and complete scripts; onewrite: two scripts of one write each (SET NX GET PX; GET, the token checked in Lua, SET PX; no clock); onehash: onewrite with hash records (HMGET, HSET, PEXPIRE; HGET, the token checked, HSET, PEXPIRE); commands: a plain SET NX GET EX and a plain SET EX (no lock deadline, no token check)")
+	design := flag.String("design", "scripts", "scripts: claim and complete scripts; onewrite: two scripts of one write each (SET NX GET PX; GET, the token checked in Lua, SET PX; no clock); onehash: onewrite with hash records (HSETNX, PEXPIRE; HGET, the token checked, HSET, PEXPIRE); commands: a plain SET NX GET EX and a plain SET EX (no lock deadline, no token check)")
 	flag.Parse()
 
 	if *design != "scripts" && *design != "onewrite" && *design != "onehash" && *design != "commands" {
