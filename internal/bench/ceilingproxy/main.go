@@ -41,7 +41,7 @@
 // With -design onehash it is onewrite with the record kept as a hash, as
 // idemproxy keeps it by default (RECORD_FORMAT=hash): Redis has no
 // create-if-absent of a hash with a TTL, so the claim is HSETNX of one
-// field (token and fingerprint) and PEXPIRE of the lock TTL, the
+// field (token and fingerprint) and PEXPIRE NX of the lock TTL, the
 // completion HGET of that field, the token compared, HSET of the record and
 // PEXPIRE of the record TTL. The least such a design asks of Redis for a
 // first request: five commands where onewrite runs three.
@@ -171,24 +171,30 @@ return 'ok'
 // claimHashLua is -design onehash's claim: onewrite's with the record a
 // hash, as idemproxy keeps it by default (RECORD_FORMAT=hash). Redis has no
 // create-if-absent of a hash with a TTL: the claim is HSETNX of one field,
-// c (token and fingerprint), which creates the hash only when the key is
-// free, and PEXPIRE of the lock TTL (the lock expires with the key, on
-// Redis's clock). A key that is there is then read (HMGET). ARGV: token,
-// fingerprint, lock ms.
+// c (token and fingerprint), and PEXPIRE NX of the lock TTL (the lock
+// expires with the key, on Redis's clock). HSETNX answers for the field,
+// not the key, so PEXPIRE's NX tells a key that was free (it had no TTL)
+// from a hash that was there with one, which is left as it was and
+// refused. (A hash without a TTL at the key is taken for a free key; no
+// design here writes one.) A key that is there is then read (HMGET).
+// ARGV: token, fingerprint, lock ms.
 const claimHashLua = `
 if redis.call('HSETNX', KEYS[1], 'c', ARGV[1] .. ARGV[2]) == 1 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return {'claimed'}
+  if redis.call('PEXPIRE', KEYS[1], ARGV[3], 'NX') == 1 then
+    return {'claimed'}
+  end
+  redis.call('HDEL', KEYS[1], 'c')
+  return redis.error_reply('onehash: ' .. KEYS[1] .. ' holds a hash that is not its record')
 end
 local v = redis.call('HMGET', KEYS[1], 'c', 'rec')
-if v[1] and string.sub(v[1], 1, 16) == ARGV[1] then
-  return {'claimed'} -- our own claim: the client resent the script after losing the reply
-end
-if not v[1] or string.sub(v[1], 17) ~= ARGV[2] then
+if string.sub(v[1], 17) ~= ARGV[2] then
   return {'mismatch'}
 end
 if v[2] then
   return {'replay', v[2]}
+end
+if string.sub(v[1], 1, 16) == ARGV[1] then
+  return {'claimed'} -- our own claim: the client resent the script after losing the reply
 end
 return {'inflight'}
 `
@@ -436,7 +442,7 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "listen address")
 	upstream := flag.String("upstream", "", "upstream base URL (required)")
 	redisAddr := flag.String("redis", "", "redis-server host:port; \"\": no Redis, the scripts are skipped")
-	design := flag.String("design", "scripts", "scripts: claim and complete scripts; onewrite: two scripts of one write each (SET NX GET PX; GET, the token checked in Lua, SET PX; no clock); onehash: onewrite with hash records (HSETNX, PEXPIRE; HGET, the token checked, HSET, PEXPIRE); commands: a plain SET NX GET EX and a plain SET EX (no lock deadline, no token check)")
+	design := flag.String("design", "scripts", "scripts: claim and complete scripts; onewrite: two scripts of one write each (SET NX GET PX; GET, the token checked in Lua, SET PX; no clock); onehash: onewrite with hash records (HSETNX, PEXPIRE NX; HGET, the token checked, HSET, PEXPIRE); commands: a plain SET NX GET EX and a plain SET EX (no lock deadline, no token check)")
 	flag.Parse()
 
 	if *design != "scripts" && *design != "onewrite" && *design != "onehash" && *design != "commands" {
