@@ -28,8 +28,8 @@ func withoutFastPaths(t *testing.T, src string, conds ...string) string {
 // TestFastPathsMatchGeneralPaths: the fast paths of claim.lua and
 // complete.lua (a free key; our own in-flight claim) answer and write what
 // their general paths would, in both forms, over records of every state and
-// of both forms. claim.lua's string fast path is its SET NX: without it the
-// general path reads the key and writes the claim itself.
+// of both forms. claim.lua's fast paths are its writes (SET NX, HSETNX):
+// without them the general path reads the key and writes the claim itself.
 func TestFastPathsMatchGeneralPaths(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
@@ -39,7 +39,7 @@ func TestFastPathsMatchGeneralPaths(t *testing.T) {
 		t.Fatalf("claim.lua's string fast path %q: found %d times, want once", setNX, strings.Count(scripts.Claim, setNX))
 	}
 	slowClaim := redis.NewScript(withoutFastPaths(t, strings.Replace(scripts.Claim, setNX, "refused = false and redis.pcall('SET', KEYS[1], 'R2'", 1),
-		"if not h.err and not h[1] then"))
+		"if redis.pcall('HSETNX', KEYS[1], 'st', 'i') == 1 then"))
 	slowComplete := redis.NewScript(withoutFastPaths(t, scripts.Complete,
 		"if type(e) == 'string' and string.sub(e, 1, 3) == 'R2\\1' and string.sub(e, 11, 11) == 'i' then",
 		"if not hh.err and hh[1] == 'i' and hh[2] == ARGV[1] and (ld or not hh[3]) then"))

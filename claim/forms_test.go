@@ -251,7 +251,7 @@ func TestRecordFormsCommands(t *testing.T) {
 		f    form
 		want map[string]int64
 	}{
-		{forms[0], map[string]int64{"hmget": 2, "time": 2, "hset": 2, "pexpire": 2}},
+		{forms[0], map[string]int64{"hsetnx": 1, "hmget": 1, "time": 2, "hset": 2, "pexpire": 2}},
 		{forms[1], map[string]int64{"time": 2, "set": 2, "get": 1}},
 	} {
 		t.Run(tc.f.name, func(t *testing.T) {

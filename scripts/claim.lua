@@ -59,8 +59,8 @@ local S = ARGV[7] == 's'
 -- record, as every first request finds it. Lua's closures and tables are
 -- garbage Redis collects on its own time; the general path below, behind the
 -- codec, makes them, for every other case. What the fast paths read or were
--- told, handed on to the general path: h, the hash fields; refused, SET NX's
--- answer; now, Redis's clock.
+-- told, handed on to the general path: h, the hash fields (read there);
+-- refused, SET NX's answer; now, Redis's clock.
 local h, refused, now
 if S then
   -- Write first: SET NX is the read for a key with no record, so a first
@@ -80,11 +80,15 @@ if S then
     return {'claimed'}
   end
 else
-  h = redis.pcall('HMGET', KEYS[1], 'st', 'fp', 'rec', 'tok', 'up', 'ld', 'at', 'tr', 'ct')
-  if not h.err and not h[1] then
+  -- Write first here too: HSETNX of st creates the record when the key
+  -- has none, and sets st on a hash that has no st (not a record, which a
+  -- claim overwrites as if absent, as it always did); it answers 0 for a
+  -- record, an error for another type or a Redis that refuses writes, and
+  -- the general path then reads the key.
+  if redis.pcall('HSETNX', KEYS[1], 'st', 'i') == 1 then
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    redis.call('HSET', KEYS[1], 'st', 'i', 'tok', ARGV[1], 'fp', ARGV[2], 'at', string.format('%d', now),
+    redis.call('HSET', KEYS[1], 'tok', ARGV[1], 'fp', ARGV[2], 'at', string.format('%d', now),
       'ld', string.format('%d', now + tonumber(ARGV[3])), 'up', ARGV[5])
     redis.call('PEXPIRE', KEYS[1], ARGV[4])
     return {'claimed'}
@@ -189,10 +193,10 @@ local function readString(v)
   end
   return cur
 end
--- readHash takes h, the HMGET of the fast paths' fields (read now when nil),
--- as the record, its empty fields absent as dec reads them.
+-- readHash reads the hash's fields (HMGET) as the record, its empty fields
+-- absent as dec reads them.
 local function readHash()
-  h = h or redis.pcall('HMGET', KEYS[1], 'st', 'fp', 'rec', 'tok', 'up', 'ld', 'at', 'tr', 'ct')
+  h = redis.pcall('HMGET', KEYS[1], 'st', 'fp', 'rec', 'tok', 'up', 'ld', 'at', 'tr', 'ct')
   if h.err then
     return h
   end

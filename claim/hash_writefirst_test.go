@@ -1,0 +1,92 @@
+package claim_test
+
+import (
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/scripts"
+)
+
+// TestHashDuplicateCommands: the hash claim writes first (HSETNX of st), as
+// the string claim does, so a duplicate that reaches Redis runs one command
+// more than the HMGET alone, and one that writes nothing: HSETNX on a record
+// answers 0.
+func TestHashDuplicateCommands(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	cur := redis.NewScript(scripts.Claim)
+	for _, dup := range []struct {
+		name string
+		st   string
+		fp   string
+		want map[string]int64
+	}{
+		{"replay of a completed key", "c", r75fp, map[string]int64{"hsetnx": 1, "hmget": 1, "pttl": 1}},
+		{"in flight", "i", r75fp, map[string]int64{"hsetnx": 1, "hmget": 1, "time": 1}},
+		{"another fingerprint (422)", "c", strings.Repeat("g", 32), map[string]int64{"hsetnx": 1, "hmget": 1}},
+	} {
+		t.Run(dup.name, func(t *testing.T) {
+			key := "hwf:{" + dup.name + "}"
+			now := rdb.Time(ctx).Val().UnixMilli()
+			f := []any{"st", dup.st, "tok", r75other, "fp", r75fp, "up", r75up, "at", fmt.Sprint(now), "ld", fmt.Sprint(now + 60000)}
+			if dup.st == "c" {
+				f = append(f, "rec", "ANSWER", "ct", fmt.Sprint(now))
+			}
+			if err := rdb.HSet(ctx, key, f...).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := rdb.PExpire(ctx, key, time.Hour).Err(); err != nil {
+				t.Fatal(err)
+			}
+			before := rdb.HGetAll(ctx, key).Val()
+			if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := cur.Run(ctx, rdb, []string{key}, r75tok, dup.fp, 30000, 600000, r75up, "", "", "").Err(); err != nil {
+				t.Fatal(err)
+			}
+			got := commandStats(t, rdb.Info(ctx, "commandstats").Val())
+			delete(got, "evalsha")
+			delete(got, "eval")
+			if !reflect.DeepEqual(got, dup.want) {
+				t.Errorf("%s, hash record: %v; want %v", dup.name, got, dup.want)
+			}
+			if after := rdb.HGetAll(ctx, key).Val(); !reflect.DeepEqual(after, before) {
+				t.Errorf("%s: the duplicate changed the record: %v, was %v", dup.name, after, before)
+			}
+			if ttl := rdb.PTTL(ctx, key).Val(); ttl < 59*time.Minute {
+				t.Errorf("%s: the duplicate changed the record's TTL to %v", dup.name, ttl)
+			}
+		})
+	}
+}
+
+// TestHashClaimOverHashWithoutState: a hash at the key without st is not a
+// record, and a claim overwrites it as if the key were free, as it did before
+// the claim wrote first: HSETNX sets st, and the claim's other fields follow.
+func TestHashClaimOverHashWithoutState(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	cur := redis.NewScript(scripts.Claim)
+	key := "hwf:{foreign}"
+	if err := rdb.HSet(ctx, key, "x", "y", "tok", "someone-elses-tk").Err(); err != nil {
+		t.Fatal(err)
+	}
+	v, err := cur.Run(ctx, rdb, []string{key}, r75tok, r75fp, 30000, 600000, r75up, "", "", "").Slice()
+	if err != nil || len(v) != 1 || v[0] != "claimed" {
+		t.Fatalf("claim over a hash without st: %v %v", v, err)
+	}
+	h := rdb.HGetAll(ctx, key).Val()
+	if h["st"] != "i" || h["tok"] != r75tok || h["fp"] != r75fp || h["up"] != r75up || h["at"] == "" || h["ld"] == "" {
+		t.Errorf("the claim's record: %v", h)
+	}
+	if ttl := rdb.PTTL(ctx, key).Val(); ttl <= 0 || ttl > 600*time.Second {
+		t.Errorf("the claim's TTL %v, want the key TTL (10m)", ttl)
+	}
+}
