@@ -13,10 +13,10 @@ import (
 	"github.com/idemproxy/idemproxy/scripts"
 )
 
-// TestHashDuplicateCommands: the hash claim writes first (HSETNX of st), as
-// the string claim does, so a duplicate that reaches Redis runs one command
-// more than the HMGET alone, and one that writes nothing: HSETNX on a record
-// answers 0.
+// TestHashDuplicateCommands: the hash claim reads Redis's clock and writes
+// first (TIME, HSETNX of st), as the string claim does, so a duplicate that
+// reaches Redis runs those before the HMGET, and writes nothing: HSETNX on a
+// record answers 0.
 func TestHashDuplicateCommands(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
@@ -27,9 +27,9 @@ func TestHashDuplicateCommands(t *testing.T) {
 		fp   string
 		want map[string]int64
 	}{
-		{"replay of a completed key", "c", r75fp, map[string]int64{"hsetnx": 1, "hmget": 1, "pttl": 1}},
-		{"in flight", "i", r75fp, map[string]int64{"hsetnx": 1, "hmget": 1, "time": 1}},
-		{"another fingerprint (422)", "c", strings.Repeat("g", 32), map[string]int64{"hsetnx": 1, "hmget": 1}},
+		{"replay of a completed key", "c", r75fp, map[string]int64{"time": 1, "hsetnx": 1, "hmget": 1, "pttl": 1}},
+		{"in flight", "i", r75fp, map[string]int64{"time": 1, "hsetnx": 1, "hmget": 1}},
+		{"another fingerprint (422)", "c", strings.Repeat("g", 32), map[string]int64{"time": 1, "hsetnx": 1, "hmget": 1}},
 	} {
 		t.Run(dup.name, func(t *testing.T) {
 			key := "hwf:{" + dup.name + "}"
@@ -88,5 +88,45 @@ func TestHashClaimOverHashWithoutState(t *testing.T) {
 	}
 	if ttl := rdb.PTTL(ctx, key).Val(); ttl <= 0 || ttl > 600*time.Second {
 		t.Errorf("the claim's TTL %v, want the key TTL (10m)", ttl)
+	}
+}
+
+// TestHashClaimErrorLeavesNothing (review 78): the hash claim writes st
+// first, so whatever fails after it must not leave a state without the rest
+// of its record: a lock nobody holds, without a TTL, which every later claim
+// of the key would answer as another fingerprint's (422) for good. A bad
+// lock TTL or a short argument list fail before HSETNX; an HSET the server
+// refuses (an ACL without it) takes st back.
+func TestHashClaimErrorLeavesNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "nohset", "on", ">pw", "~*", "&*", "+@all", "-hset").Err(); err != nil {
+		t.Fatal(err)
+	}
+	nohset := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "nohset", Password: "pw"})
+	t.Cleanup(func() { _ = nohset.Close() })
+	cur := redis.NewScript(scripts.Claim)
+	for _, tc := range []struct {
+		name string
+		rdb  *redis.Client
+		args []any
+	}{
+		{"lock TTL not a number", admin, []any{r75tok, r75fp, "30s", 600000, r75up, "", "", ""}},
+		{"four arguments", admin, []any{r75tok, r75fp, 30000, 600000}},
+		{"HSET refused (ACL)", nohset, []any{r75tok, r75fp, 30000, 600000, r75up, "", "", ""}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "hwf:{err " + tc.name + "}"
+			if err := cur.Run(ctx, tc.rdb, []string{key}, tc.args...).Err(); err == nil {
+				t.Fatal("the bad call succeeded")
+			}
+			if typ := admin.Type(ctx, key).Val(); typ != "none" {
+				t.Errorf("the failed claim left a %s: %v, PTTL %v", typ, admin.HGetAll(ctx, key).Val(), admin.PTTL(ctx, key).Val())
+			}
+			v, err := cur.Run(ctx, admin, []string{key}, r75tok, r75fp, 30000, 600000, r75up, "", "", "").Slice()
+			if err != nil || len(v) != 1 || v[0] != "claimed" {
+				t.Errorf("the next good claim: %v %v, want claimed", v, err)
+			}
+		})
 	}
 }

@@ -84,12 +84,21 @@ else
   -- has none, and sets st on a hash that has no st (not a record, which a
   -- claim overwrites as if absent, as it always did); it answers 0 for a
   -- record, an error for another type or a Redis that refuses writes, and
-  -- the general path then reads the key.
-  if redis.pcall('HSETNX', KEYS[1], 'st', 'i') == 1 then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    redis.call('HSET', KEYS[1], 'tok', ARGV[1], 'fp', ARGV[2], 'at', string.format('%d', now),
-      'ld', string.format('%d', now + tonumber(ARGV[3])), 'up', ARGV[5])
+  -- the general path then reads the key. TIME and everything the record's
+  -- fields need come first, as for strings: a state without the rest of its
+  -- record would be a lock nobody holds, without a TTL. So once HSETNX has
+  -- written, only HSET and PEXPIRE follow, and an HSET the server refuses
+  -- (an ACL) takes the state back; a Redis that replicates scripts verbatim
+  -- refuses HSETNX after TIME, before anything is written.
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local at, ld = string.format('%d', now), string.format('%d', now + tonumber(ARGV[3]))
+  if #ARGV >= 5 and redis.pcall('HSETNX', KEYS[1], 'st', 'i') == 1 then
+    local r = redis.pcall('HSET', KEYS[1], 'tok', ARGV[1], 'fp', ARGV[2], 'at', at, 'ld', ld, 'up', ARGV[5])
+    if type(r) == 'table' and r.err then
+      redis.call('HDEL', KEYS[1], 'st')
+      return r
+    end
     redis.call('PEXPIRE', KEYS[1], ARGV[4])
     return {'claimed'}
   end
