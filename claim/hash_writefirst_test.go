@@ -2,8 +2,6 @@ package claim_test
 
 import (
 	"fmt"
-	"reflect"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,53 +16,18 @@ import (
 // reaches Redis runs those before the HMGET, and writes nothing: HSETNX on a
 // record answers 0.
 func TestHashDuplicateCommands(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client()
-	cur := redis.NewScript(scripts.Claim)
-	for _, dup := range []struct {
-		name string
-		st   string
-		fp   string
-		want map[string]int64
-	}{
-		{"replay of a completed key", "c", r75fp, map[string]int64{"time": 1, "hsetnx": 1, "hmget": 1, "pttl": 1}},
-		{"in flight", "i", r75fp, map[string]int64{"time": 1, "hsetnx": 1, "hmget": 1}},
-		{"another fingerprint (422)", "c", strings.Repeat("g", 32), map[string]int64{"time": 1, "hsetnx": 1, "hmget": 1}},
-	} {
-		t.Run(dup.name, func(t *testing.T) {
-			key := "hwf:{" + dup.name + "}"
-			now := rdb.Time(ctx).Val().UnixMilli()
-			f := []any{"st", dup.st, "tok", r75other, "fp", r75fp, "up", r75up, "at", fmt.Sprint(now), "ld", fmt.Sprint(now + 60000)}
-			if dup.st == "c" {
-				f = append(f, "rec", "ANSWER", "ct", fmt.Sprint(now))
-			}
-			if err := rdb.HSet(ctx, key, f...).Err(); err != nil {
-				t.Fatal(err)
-			}
-			if err := rdb.PExpire(ctx, key, time.Hour).Err(); err != nil {
-				t.Fatal(err)
-			}
-			before := rdb.HGetAll(ctx, key).Val()
-			if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
-				t.Fatal(err)
-			}
-			if err := cur.Run(ctx, rdb, []string{key}, r75tok, dup.fp, 30000, 600000, r75up, "", "", "").Err(); err != nil {
-				t.Fatal(err)
-			}
-			got := commandStats(t, rdb.Info(ctx, "commandstats").Val())
-			delete(got, "evalsha")
-			delete(got, "eval")
-			if !reflect.DeepEqual(got, dup.want) {
-				t.Errorf("%s, hash record: %v; want %v", dup.name, got, dup.want)
-			}
-			if after := rdb.HGetAll(ctx, key).Val(); !reflect.DeepEqual(after, before) {
-				t.Errorf("%s: the duplicate changed the record: %v, was %v", dup.name, after, before)
-			}
-			if ttl := rdb.PTTL(ctx, key).Val(); ttl < 59*time.Minute {
-				t.Errorf("%s: the duplicate changed the record's TTL to %v", dup.name, ttl)
-			}
-		})
-	}
+	checkDuplicateCommands(t, "", func(rdb *redis.Client, key, st string, now int64) {
+		f := []any{"st", st, "tok", r75other, "fp", r75fp, "up", r75up, "at", fmt.Sprint(now), "ld", fmt.Sprint(now + 60000)}
+		if st == "c" {
+			f = append(f, "rec", "ANSWER", "ct", fmt.Sprint(now))
+		}
+		if err := rdb.HSet(ctx, key, f...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := rdb.PExpire(ctx, key, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}, map[string]int64{"time": 1, "hsetnx": 1, "hmget": 1, "pttl": 1}, map[string]int64{"time": 1, "hsetnx": 1, "hmget": 1}, map[string]int64{"time": 1, "hsetnx": 1, "hmget": 1})
 }
 
 // TestHashClaimOverHashWithoutState: a hash at the key without st is not a

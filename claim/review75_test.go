@@ -21,6 +21,20 @@ import (
 // the README said one command more than before 2026-12-01; a replay runs 4
 // where MGET and PTTL were 2). Counted with INFO commandstats.
 func TestStringDuplicateCommands(t *testing.T) {
+	checkDuplicateCommands(t, "s", func(rdb *redis.Client, key, st string, now int64) {
+		v := r75enc(st, r75other, r75fp, r75up, fmt.Sprint(now), fmt.Sprint(now+60000), "", "", "ANSWER")
+		if err := rdb.Set(ctx, key, v, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}, map[string]int64{"time": 1, "set": 1, "get": 1, "pttl": 1}, map[string]int64{"time": 1, "set": 1, "get": 1}, map[string]int64{"time": 1, "set": 1, "get": 1})
+}
+
+// checkDuplicateCommands writes a record in each duplicate's state with
+// write, runs claim.lua as a duplicate of it in form ("s" strings, "" hashes)
+// and compares what Redis counted with the replay's, the 409's and the
+// 422's commands. The duplicate must change neither the record nor its TTL.
+func checkDuplicateCommands(t *testing.T, form string, write func(rdb *redis.Client, key, st string, now int64), replay, inflight, mismatch map[string]int64) {
+	t.Helper()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	cur := redis.NewScript(scripts.Claim)
@@ -30,28 +44,31 @@ func TestStringDuplicateCommands(t *testing.T) {
 		fp   string
 		want map[string]int64
 	}{
-		{"replay of a completed key", "c", r75fp, map[string]int64{"time": 1, "set": 1, "get": 1, "pttl": 1}},
-		{"in flight", "i", r75fp, map[string]int64{"time": 1, "set": 1, "get": 1}},
-		{"another fingerprint (422)", "c", strings.Repeat("g", 32), map[string]int64{"time": 1, "set": 1, "get": 1}},
+		{"replay of a completed key", "c", r75fp, replay},
+		{"in flight", "i", r75fp, inflight},
+		{"another fingerprint (422)", "c", strings.Repeat("g", 32), mismatch},
 	} {
 		t.Run(dup.name, func(t *testing.T) {
-			key := "r75cnt:{" + dup.name + "}"
-			now := rdb.Time(ctx).Val().UnixMilli()
-			v := r75enc(dup.st, r75other, r75fp, r75up, fmt.Sprint(now), fmt.Sprint(now+60000), "", "", "ANSWER")
-			if err := rdb.Set(ctx, key, v, time.Hour).Err(); err != nil {
-				t.Fatal(err)
-			}
+			key := "dupcmd" + form + ":{" + dup.name + "}"
+			write(rdb, key, dup.st, rdb.Time(ctx).Val().UnixMilli())
+			before := rdb.Dump(ctx, key).Val()
 			if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
 				t.Fatal(err)
 			}
-			if err := cur.Run(ctx, rdb, []string{key}, r75tok, dup.fp, 30000, 600000, r75up, "", "s", "").Err(); err != nil {
+			if err := cur.Run(ctx, rdb, []string{key}, r75tok, dup.fp, 30000, 600000, r75up, "", form, "").Err(); err != nil {
 				t.Fatal(err)
 			}
 			got := commandStats(t, rdb.Info(ctx, "commandstats").Val())
 			delete(got, "evalsha")
 			delete(got, "eval")
 			if !reflect.DeepEqual(got, dup.want) {
-				t.Errorf("%s, string record: %v; want %v", dup.name, got, dup.want)
+				t.Errorf("%s, form %q: %v; want %v", dup.name, form, got, dup.want)
+			}
+			if after := rdb.Dump(ctx, key).Val(); after != before {
+				t.Errorf("%s, form %q: the duplicate changed the record", dup.name, form)
+			}
+			if ttl := rdb.PTTL(ctx, key).Val(); ttl < 59*time.Minute {
+				t.Errorf("%s, form %q: the duplicate changed the record's TTL to %v", dup.name, form, ttl)
 			}
 		})
 	}

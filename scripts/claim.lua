@@ -58,10 +58,14 @@ local S = ARGV[7] == 's'
 -- The fast paths, first and without a function or a table: a key with no
 -- record, as every first request finds it. Lua's closures and tables are
 -- garbage Redis collects on its own time; the general path below, behind the
--- codec, makes them, for every other case. What the fast paths read or were
--- told, handed on to the general path: h, the hash fields (read there);
--- refused, SET NX's answer; now, Redis's clock.
-local h, refused, now
+-- codec, makes them, for every other case. Both read Redis's clock first,
+-- and compute what the claim's record needs, before they write: the general
+-- path judges locks on the same now. refused, SET NX's answer, is handed on
+-- to the general path.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local at, ld = string.format('%d', now), string.format('%d', now + tonumber(ARGV[3]))
+local refused
 if S then
   -- Write first: SET NX is the read for a key with no record, so a first
   -- request costs TIME and one write. It answers false for any key that is
@@ -69,9 +73,6 @@ if S then
   -- then reads. A Redis that refuses writes (NOREPLICAS, READONLY, OOM,
   -- MISCONF) refuses SET NX before looking at the key; its error stands only
   -- if there is no record to answer from (the general path).
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local at, ld = string.format('%d', now), string.format('%d', now + tonumber(ARGV[3]))
   -- enc({st = 'i', tok, fp, up, at, ld}); the arguments' lengths are the
   -- client's: 16, 32, 16 or 0.
   refused = redis.pcall('SET', KEYS[1], 'R2' .. string.char(1, #ARGV[1], #ARGV[2], #ARGV[5], #at, #ld, 0, 0) ..
@@ -90,9 +91,6 @@ else
   -- written, only HSET and PEXPIRE follow, and an HSET the server refuses
   -- (an ACL) takes the state back; a Redis that replicates scripts verbatim
   -- refuses HSETNX after TIME, before anything is written.
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local at, ld = string.format('%d', now), string.format('%d', now + tonumber(ARGV[3]))
   if #ARGV >= 5 and redis.pcall('HSETNX', KEYS[1], 'st', 'i') == 1 then
     local r = redis.pcall('HSET', KEYS[1], 'tok', ARGV[1], 'fp', ARGV[2], 'at', at, 'ld', ld, 'up', ARGV[5])
     if type(r) == 'table' and r.err then
@@ -177,18 +175,6 @@ end
 -- ('R1' was another layout, of unreleased commits: it reads as not a record.)
 -- end of record codec
 
--- now is Redis's clock, read only when a lock is judged or written.
-local function clock()
-  if not now then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
-  return now
-end
-local function claimRecord(at)
-  return {st = 'i', tok = ARGV[1], fp = ARGV[2], at = at,
-    ld = string.format('%d', clock() + tonumber(ARGV[3])), up = ARGV[5]}
-end
 -- The record's form: 'h' a hash, 's' a string, false none. A hash without st
 -- (not a record) is overwritten as if absent, as it always was. A string
 -- record's rec stays in raw, from recAt on (see dec); cur.rec holds it only
@@ -205,7 +191,7 @@ end
 -- readHash reads the hash's fields (HMGET) as the record, its empty fields
 -- absent as dec reads them.
 local function readHash()
-  h = redis.pcall('HMGET', KEYS[1], 'st', 'fp', 'rec', 'tok', 'up', 'ld', 'at', 'tr', 'ct')
+  local h = redis.pcall('HMGET', KEYS[1], 'st', 'fp', 'rec', 'tok', 'up', 'ld', 'at', 'tr', 'ct')
   if h.err then
     return h
   end
@@ -261,7 +247,7 @@ end
 
 local prev = nil
 if cur then
-  local expired = cur.st == 'i' and cur.ld and tonumber(cur.ld) <= clock()
+  local expired = cur.st == 'i' and cur.ld and tonumber(cur.ld) <= now
   if expired and cur.tok ~= ARGV[1] and ARGV[6] ~= '1' then
     -- A lock that expired frees the key, whatever the request that held it.
     prev = cur.at
@@ -309,12 +295,10 @@ if cur then
   end
 end
 
-local snow = string.format('%d', clock())
 if S or kind == 's' then
-  put(claimRecord(snow), ARGV[4])
+  put({st = 'i', tok = ARGV[1], fp = ARGV[2], at = at, ld = ld, up = ARGV[5]}, ARGV[4])
 else
-  redis.call('HSET', KEYS[1], 'st', 'i', 'tok', ARGV[1], 'fp', ARGV[2], 'at', snow,
-    'ld', string.format('%d', now + tonumber(ARGV[3])), 'up', ARGV[5])
+  redis.call('HSET', KEYS[1], 'st', 'i', 'tok', ARGV[1], 'fp', ARGV[2], 'at', at, 'ld', ld, 'up', ARGV[5])
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
 end
 if prev then
