@@ -83,6 +83,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/bench/leastdesign"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -168,54 +169,9 @@ redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 'ok'
 `
 
-// claimHashLua is -design onehash's claim: onewrite's with the record a
-// hash, as idemproxy keeps it by default (RECORD_FORMAT=hash). Redis has no
-// create-if-absent of a hash with a TTL: the claim is HSETNX of one field,
-// c (token and fingerprint), and PEXPIRE NX of the lock TTL (the lock
-// expires with the key, on Redis's clock). HSETNX answers for the field,
-// not the key, so PEXPIRE's NX tells a key that was free (it had no TTL)
-// from a hash that was there with one, which is left as it was and
-// refused. (A hash without a TTL at the key is taken for a free key; no
-// design here writes one.) A key that is there is then read (HMGET).
-// ARGV: token, fingerprint, lock ms.
-const claimHashLua = `
-if redis.call('HSETNX', KEYS[1], 'c', ARGV[1] .. ARGV[2]) == 1 then
-  if redis.call('PEXPIRE', KEYS[1], ARGV[3], 'NX') == 1 then
-    return {'claimed'}
-  end
-  redis.call('HDEL', KEYS[1], 'c')
-  return redis.error_reply('onehash: ' .. KEYS[1] .. ' holds a hash that is not its record')
-end
-local v = redis.call('HMGET', KEYS[1], 'c', 'rec')
-if string.sub(v[1], 17) ~= ARGV[2] then
-  return {'mismatch'}
-end
-if v[2] then
-  return {'replay', v[2]}
-end
-if string.sub(v[1], 1, 16) == ARGV[1] then
-  return {'claimed'} -- our own claim: the client resent the script after losing the reply
-end
-return {'inflight'}
-`
-
-// completeHashLua is -design onehash's completion: HGET of the claim,
-// its token compared, HSET of the record and PEXPIRE of the record TTL. As
-// with onewrite, nothing is written over another claim or an expired one.
-// ARGV: token, encoded record, record TTL ms.
-const completeHashLua = `
-local v = redis.call('HGET', KEYS[1], 'c')
-if not v or string.sub(v, 1, 16) ~= ARGV[1] then
-  return 'lost'
-end
-redis.call('HSET', KEYS[1], 'rec', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 'ok'
-`
-
 var (
-	claimHashScript    = redis.NewScript(claimHashLua)
-	completeHashScript = redis.NewScript(completeHashLua)
+	claimHashScript    = leastdesign.ClaimHash    // -design onehash
+	completeHashScript = leastdesign.CompleteHash // -design onehash
 	claimScript        = redis.NewScript(claimLua)
 	completeScript     = redis.NewScript(completeLua)
 	claimOneScript     = redis.NewScript(claimOneLua)

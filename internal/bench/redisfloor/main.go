@@ -14,7 +14,12 @@
 // nothing: the floor of any design that keeps a record in two scripts;
 // -script commands the same two writes as plain commands, no script (SET NX
 // GET EX, SET EX): the least any design writes for a first request, at
-// this client's deepest batching. -client auto is go-redis's automatic
+// this client's deepest batching. -script onehash runs the scripts of the
+// least hash design (internal/bench/leastdesign, ceilingproxy's -design
+// onehash): claim (HSETNX, PEXPIRE NX) and completion (HGET, the token
+// compared, HSET, PEXPIRE), with none of idemproxy's fields or arguments;
+// beside -script scripts, what idemproxy's features cost Redis with
+// nothing else on its core. -client auto is go-redis's automatic
 // pipelining, idemproxy's default; -client plain a pooled connection per
 // call (REDIS_AUTOPIPELINE=false).
 //
@@ -42,6 +47,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/bench/leastdesign"
 )
 
 // Result is the REDISFLOOR line; the driver decodes it.
@@ -113,19 +119,27 @@ func main() {
 	g := flag.Int("g", 64, "concurrent goroutines, each a request at a time (as wrk's connections)")
 	duration := flag.Duration("duration", 4*time.Second, "measured window")
 	warmup := flag.Duration("warmup", time.Second, "warm-up before the measured window (0: none)")
-	script := flag.String("script", "scripts", "scripts: claim.lua then complete.lua on a fresh key; strings: the same with RECORD_FORMAT=string; return1: two EVALSHAs of \"return 1\"; minimal: two scripts that write once each (SET NX GET PX, SET PX) and check nothing; commands: the same two writes as plain commands (SET NX GET EX, SET EX: go-redis sends the 24 h TTL as EX)")
+	script := flag.String("script", "scripts", "scripts: claim.lua then complete.lua on a fresh key; strings: the same with RECORD_FORMAT=string; return1: two EVALSHAs of \"return 1\"; minimal: two scripts that write once each (SET NX GET PX, SET PX) and check nothing; commands: the same two writes as plain commands (SET NX GET EX, SET EX: go-redis sends the 24 h TTL as EX); onehash: the least hash design's two scripts (internal/bench/leastdesign)")
 	client := flag.String("client", "auto", "auto: go-redis automatic pipelining (idemproxy's default); plain: pooled connections")
 	prefix := flag.String("key-prefix", "idem:", "KEY_PREFIX of the records written")
 	flag.Parse()
 	if *addr == "" || *g < 1 || *duration <= 0 || *warmup < 0 ||
-		(*script != "scripts" && *script != "strings" && *script != "return1" && *script != "minimal" && *script != "commands") || (*client != "auto" && *client != "plain") {
-		fmt.Fprintln(os.Stderr, "redisfloor: need -addr, -g >= 1, -duration > 0, -warmup >= 0, -script scripts|strings|return1|minimal|commands, -client auto|plain")
+		!validScript(*script) || (*client != "auto" && *client != "plain") {
+		fmt.Fprintln(os.Stderr, "redisfloor: need -addr, -g >= 1, -duration > 0, -warmup >= 0, -script scripts|strings|return1|minimal|commands|onehash, -client auto|plain")
 		os.Exit(2)
 	}
 	if err := run(*addr, *g, *duration, *warmup, *script, *client, *prefix); err != nil {
 		fmt.Fprintln(os.Stderr, "redisfloor:", err)
 		os.Exit(1)
 	}
+}
+
+func validScript(s string) bool {
+	switch s {
+	case "scripts", "strings", "return1", "minimal", "commands", "onehash":
+		return true
+	}
+	return false
 }
 
 // run prints the REDISFLOOR line itself: before its deferred closes, so that
@@ -272,6 +286,30 @@ func iteration(scripter redisClient, script, prefix string) (func(ctx context.Co
 				return fmt.Errorf("minimal claim of a fresh key: %v, want nil (claimed)", err)
 			}
 			return minimalComplete.Run(ctx, scripter, []string{rk}, enc, ttl).Err()
+		}, nil
+	}
+	if script == "onehash" {
+		enc := rec.Encode()
+		lock, ttl := terms.LockTTL.Milliseconds(), terms.TTL.Milliseconds()
+		return func(ctx context.Context, key string) error {
+			var tok [16]byte
+			_, _ = rand.Read(tok[:])
+			rk := claim.RecordKey(prefix, claim.NewKey(nil, key))
+			v, err := leastdesign.ClaimHash.Run(ctx, scripter, []string{rk}, tok[:], fp[:], lock).StringSlice()
+			if err != nil {
+				return fmt.Errorf("onehash claim: %w", err)
+			}
+			if len(v) != 1 || v[0] != "claimed" {
+				return fmt.Errorf("onehash claim of a fresh key answered %q, want claimed", v)
+			}
+			s, err := leastdesign.CompleteHash.Run(ctx, scripter, []string{rk}, tok[:], enc, ttl).Text()
+			if err != nil {
+				return fmt.Errorf("onehash complete: %w", err)
+			}
+			if s != "ok" {
+				return fmt.Errorf("onehash complete of its own claim answered %q, want ok", s)
+			}
+			return nil
 		}, nil
 	}
 	// The options idemproxy's Store has in the bench (main.go), at their

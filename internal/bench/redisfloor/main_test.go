@@ -14,8 +14,9 @@ import (
 // the product's scripts claim and complete a fresh key; minimal and
 // commands write a claim and then the record, with the record's TTL, the
 // first by two scripts, the second by two plain SETs and no script; return1
-// writes nothing. Each refuses a key already claimed (minimal, commands,
-// scripts), so an iteration that silently did nothing would fail here.
+// writes nothing; onehash claims and completes with the least hash
+// design's scripts. Each refuses a key already claimed (minimal, commands,
+// scripts, onehash), so an iteration that silently did nothing would fail here.
 func TestIterationModes(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
@@ -27,7 +28,7 @@ func TestIterationModes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ap.Close()
-	for _, mode := range []string{"scripts", "strings", "return1", "minimal", "commands"} {
+	for _, mode := range []string{"scripts", "strings", "return1", "minimal", "commands", "onehash"} {
 		t.Run(mode, func(t *testing.T) {
 			if err := rdb.FlushAll(ctx).Err(); err != nil {
 				t.Fatal(err)
@@ -77,10 +78,15 @@ func TestIterationModes(t *testing.T) {
 					t.Errorf("%s: no script ran:\n%s", mode, stats)
 				}
 			}
-			if typ := rdb.Type(ctx, keys[0]).Val(); mode == "scripts" && typ != "hash" || mode != "scripts" && typ != "string" {
+			hashed := mode == "scripts" || mode == "onehash"
+			if typ := rdb.Type(ctx, keys[0]).Val(); hashed && typ != "hash" || !hashed && typ != "string" {
 				t.Errorf("%s: the record is a Redis %s", mode, typ)
 			}
-			if mode != "scripts" && mode != "strings" {
+			if mode == "onehash" {
+				if v, err := rdb.HGet(ctx, keys[0], "rec").Result(); err != nil || v != before && v != after {
+					t.Errorf("onehash record %q (%v), want the encoded answer", v, err)
+				}
+			} else if mode != "scripts" && mode != "strings" {
 				if v, err := rdb.Get(ctx, keys[0]).Result(); err != nil || v != before && v != after {
 					t.Errorf("record %q (%v), want the encoded answer", v, err)
 				}

@@ -36,11 +36,13 @@ func (m floorMode) String() string { return m.client + "+" + m.script }
 // two scripts that write once each and check nothing (the floor of any
 // design that keeps a record in two scripts); the same two writes as plain
 // commands (the floor of any design that writes a claim and a record);
-// idemproxy's scripts writing string records (RECORD_FORMAT=string).
-var floorModes = []floorMode{{"auto", "scripts"}, {"auto", "return1"}, {"plain", "scripts"}, {"auto", "minimal"}, {"auto", "commands"}, {"auto", "strings"}}
+// idemproxy's scripts writing string records (RECORD_FORMAT=string); the
+// least hash design's scripts (onehash, as ceilingproxy runs them): beside
+// the first, what idemproxy's fields, arguments and clock cost Redis.
+var floorModes = []floorMode{{"auto", "scripts"}, {"auto", "return1"}, {"plain", "scripts"}, {"auto", "minimal"}, {"auto", "commands"}, {"auto", "strings"}, {"auto", "onehash"}}
 
 // The floor rounds' window: long enough for a few hundred clock ticks of
-// Redis CPU, short enough that six modes fit in about 30 seconds.
+// Redis CPU, short enough that seven modes fit in about 35 seconds.
 const (
 	floorDuration = 4 * time.Second
 	floorWarmup   = time.Second
@@ -265,7 +267,8 @@ func floorReport(floors []floorResult, cfg *config, affinity map[string]string) 
 		"per round trip (REDIS_AUTOPIPELINE=false); return1: two EVALSHAs of `return 1` per iteration instead, the floor of any two-script design;",
 		"minimal: two scripts that write once each (SET NX GET PX of the claim, SET PX of the record) and check nothing, the floor of any design keeping a record in two scripts;",
 		"commands: the same two writes as plain commands (no script), the floor of any design that writes a claim and then a record;",
-		"strings: idemproxy's scripts as in auto+scripts, writing string records (RECORD_FORMAT=string).",
+		"strings: idemproxy's scripts as in auto+scripts, writing string records (RECORD_FORMAT=string);",
+		"onehash: the least hash design's two scripts (HSETNX, PEXPIRE NX; HGET, the token compared, HSET, PEXPIRE), as ceilingproxy -design onehash runs them.",
 		fmt.Sprintf("redisfloor on cpu %s, redis-server on cpu %s (affinity read back: %s, %s), nothing else of the bench running; %v warm-up, then %v measured,",
 			cfg.cpus["wrk"], cfg.cpus["redis"], seen("redisfloor"), seen("redis"), floorWarmup, floorDuration),
 		fmt.Sprintf("FLUSHALL before each round, modes in turn (reversed every other round), medians of %d round(s).", cfg.rounds),
@@ -329,6 +332,14 @@ func floorReport(floors []floorResult, cfg *config, affinity map[string]string) 
 	if ss := byMode[floorModes[5]]; len(ss) > 0 {
 		v := median(ss, redisUs)
 		parts = append(parts, fmt.Sprintf("idemproxy's scripts with RECORD_FORMAT=string: %.1f µs; issue 14 target: %s at the floor", v, metMark(v <= floorTarget)))
+	}
+	if ss := byMode[floorModes[6]]; len(ss) > 0 {
+		v := median(ss, redisUs)
+		part := fmt.Sprintf("the least hash design's scripts (onehash): %.1f µs, under the target: %s", v, yesNo(v <= floorTarget))
+		if idem := byMode[floorModes[0]]; len(idem) > 0 {
+			part += fmt.Sprintf(", idemproxy's scripts %.1f µs above it", median(idem, redisUs)-v)
+		}
+		parts = append(parts, part)
 	}
 	out = append(out, "floor  "+strings.Join(parts, "; ")+".")
 	out = append(out, "redis µs/iteration: redis-server utime+stime (/proc/<pid>/stat) over the window / iterations. redis busy: the same over the",

@@ -72,3 +72,33 @@ func TestReview14fFloorVerdictHasCommandsMode(t *testing.T) {
 		t.Errorf("the floor verdict leaves out the commands mode (7.8 µs):\n%s", verdict)
 	}
 }
+
+// The onehash mode, the least hash design's scripts at the floor, is in
+// the verdict with how far idemproxy's scripts are above it: the figure
+// the README's "Where Redis's 8 µs go" compares prototypes by.
+func TestFloorVerdictHasOnehashMode(t *testing.T) {
+	cfg, code := parseFlags([]string{"-only", "floor", "-rounds", "1"})
+	if code >= 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	smp := func(us float64) []floorSample {
+		return []floorSample{{iterPerSec: 50000, redisUs: us, redisBusyPct: 50, readsPerIter: 0.05, cmdsPerRead: 42.6, driverPct: 50}}
+	}
+	if floorModes[6].script != "onehash" {
+		t.Fatalf("floorModes[6] = %v, want auto+onehash", floorModes[6])
+	}
+	floors := []floorResult{{mode: floorModes[0], samples: smp(16.8)}, {mode: floorModes[6], samples: smp(11.0)}}
+	var verdict string
+	lines := floorReport(floors, cfg, nil)
+	for _, l := range lines {
+		if strings.HasPrefix(l, "floor  ") {
+			verdict = l
+		}
+	}
+	if !strings.Contains(verdict, "(onehash): 11.0 µs, under the target: yes, idemproxy's scripts 5.8 µs above it") {
+		t.Errorf("the floor verdict does not compare idemproxy's scripts with onehash's:\n%s", verdict)
+	}
+	if !strings.Contains(strings.Join(lines, "\n"), "auto+onehash") {
+		t.Errorf("no auto+onehash row in the floor table:\n%s", strings.Join(lines, "\n"))
+	}
+}
