@@ -251,6 +251,9 @@ func run(addr string, g int, duration, warmup time.Duration, script, client, pre
 // iteration returns one iteration of the mode: what a first request asks of
 // Redis.
 func iteration(scripter redisClient, script, prefix string) (func(ctx context.Context, key string) error, error) {
+	if !validScript(script) {
+		return nil, fmt.Errorf("-script %q: want scripts, strings, return1, minimal, commands or onehash", script)
+	}
 	if script == "return1" {
 		one := redis.NewScript("return 1")
 		return func(ctx context.Context, _ string) error {

@@ -337,7 +337,11 @@ func floorReport(floors []floorResult, cfg *config, affinity map[string]string) 
 		v := median(ss, redisUs)
 		part := fmt.Sprintf("the least hash design's scripts (onehash): %.1f µs, under the target: %s", v, yesNo(v <= floorTarget))
 		if idem := byMode[floorModes[0]]; len(idem) > 0 {
-			part += fmt.Sprintf(", idemproxy's scripts %.1f µs above it", median(idem, redisUs)-v)
+			if d := median(idem, redisUs) - v; d >= 0 {
+				part += fmt.Sprintf(", idemproxy's scripts %.1f µs above it", d)
+			} else {
+				part += fmt.Sprintf(", idemproxy's scripts %.1f µs below it", -d)
+			}
 		}
 		parts = append(parts, part)
 	}
