@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
@@ -18,16 +20,7 @@ import (
 // design's scripts. Each refuses a key already claimed (minimal, commands,
 // scripts, onehash), so an iteration that silently did nothing would fail here.
 func TestIterationModes(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client()
-	defer rdb.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	ap, err := rdb.AutoPipelineWithOptions(claim.AutoPipelineOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ap.Close()
+	ctx, rdb, ap := startRedis(t)
 	for _, mode := range []string{"scripts", "strings", "return1", "minimal", "commands", "onehash"} {
 		t.Run(mode, func(t *testing.T) {
 			if err := rdb.FlushAll(ctx).Err(); err != nil {
@@ -97,4 +90,22 @@ func TestIterationModes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startRedis starts a real redis-server for one test and returns a
+// context bounding the test, a client, and the automatic pipeliner
+// idemproxy sends through; all are closed when the test ends.
+func startRedis(t *testing.T) (context.Context, *redis.Client, *redis.AutoPipeliner) {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	t.Cleanup(func() { rdb.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	ap, err := rdb.AutoPipelineWithOptions(claim.AutoPipelineOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ap.Close() })
+	return ctx, rdb, ap
 }

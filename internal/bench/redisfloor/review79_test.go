@@ -1,12 +1,10 @@
 package main
 
 import (
-	"context"
 	"crypto/sha256"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/bench/leastdesign"
@@ -21,16 +19,7 @@ import (
 // the record's two fields, and the refusal of a key another claim holds in
 // flight (not only of a completed one).
 func TestReview79OnehashModeRunsLeastDesign(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client()
-	defer rdb.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	ap, err := rdb.AutoPipelineWithOptions(claim.AutoPipelineOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ap.Close()
+	ctx, rdb, ap := startRedis(t)
 	for _, c := range [][]any{{"SCRIPT", "FLUSH"}, {"FLUSHALL"}, {"CONFIG", "RESETSTAT"}} {
 		if err := rdb.Do(ctx, c...).Err(); err != nil {
 			t.Fatal(c, err)

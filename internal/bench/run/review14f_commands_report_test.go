@@ -45,13 +45,7 @@ func TestReview14fCommandsDesignPipelineDepth(t *testing.T) {
 // the README's floor argument rests on, 7.8 µs in floor2.log) is in the
 // table and nowhere in the verdict.
 func TestReview14fFloorVerdictHasCommandsMode(t *testing.T) {
-	cfg, code := parseFlags([]string{"-only", "floor", "-rounds", "1"})
-	if code >= 0 {
-		t.Fatalf("exit code %d", code)
-	}
-	smp := func(us float64) []floorSample {
-		return []floorSample{{iterPerSec: 50000, redisUs: us, redisBusyPct: 50, readsPerIter: 0.05, cmdsPerRead: 42.6, driverPct: 50}}
-	}
+	smp := floorSamples
 	floors := []floorResult{
 		{mode: floorModes[0], samples: smp(27.0)},
 		{mode: floorModes[1], samples: smp(2.6)},
@@ -62,12 +56,7 @@ func TestReview14fFloorVerdictHasCommandsMode(t *testing.T) {
 	if floorModes[4].script != "commands" {
 		t.Fatalf("floorModes[4] = %v, want auto+commands", floorModes[4])
 	}
-	var verdict string
-	for _, l := range floorReport(floors, cfg, nil) {
-		if strings.HasPrefix(l, "floor  ") {
-			verdict = l
-		}
-	}
+	verdict, _ := floorVerdict(t, floors)
 	if !strings.Contains(verdict, "7.8 µs") {
 		t.Errorf("the floor verdict leaves out the commands mode (7.8 µs):\n%s", verdict)
 	}
@@ -77,24 +66,10 @@ func TestReview14fFloorVerdictHasCommandsMode(t *testing.T) {
 // the verdict with how far idemproxy's scripts are above it: the figure
 // the README's "Where Redis's 8 µs go" compares prototypes by.
 func TestFloorVerdictHasOnehashMode(t *testing.T) {
-	cfg, code := parseFlags([]string{"-only", "floor", "-rounds", "1"})
-	if code >= 0 {
-		t.Fatalf("exit code %d", code)
-	}
-	smp := func(us float64) []floorSample {
-		return []floorSample{{iterPerSec: 50000, redisUs: us, redisBusyPct: 50, readsPerIter: 0.05, cmdsPerRead: 42.6, driverPct: 50}}
-	}
 	if floorModes[6].script != "onehash" {
 		t.Fatalf("floorModes[6] = %v, want auto+onehash", floorModes[6])
 	}
-	floors := []floorResult{{mode: floorModes[0], samples: smp(16.8)}, {mode: floorModes[6], samples: smp(11.0)}}
-	var verdict string
-	lines := floorReport(floors, cfg, nil)
-	for _, l := range lines {
-		if strings.HasPrefix(l, "floor  ") {
-			verdict = l
-		}
-	}
+	verdict, lines := floorVerdict(t, []floorResult{{mode: floorModes[0], samples: floorSamples(16.8)}, {mode: floorModes[6], samples: floorSamples(11.0)}})
 	if !strings.Contains(verdict, "(onehash): 11.0 µs, under the target: yes, idemproxy's scripts 5.8 µs above it") {
 		t.Errorf("the floor verdict does not compare idemproxy's scripts with onehash's:\n%s", verdict)
 	}
