@@ -38,7 +38,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -125,7 +127,7 @@ func main() {
 	flag.Parse()
 	if *addr == "" || *g < 1 || *duration <= 0 || *warmup < 0 ||
 		!validScript(*script) || (*client != "auto" && *client != "plain") {
-		fmt.Fprintln(os.Stderr, "redisfloor: need -addr, -g >= 1, -duration > 0, -warmup >= 0, -script scripts|strings|return1|minimal|commands|onehash, -client auto|plain")
+		fmt.Fprintln(os.Stderr, "redisfloor: need -addr, -g >= 1, -duration > 0, -warmup >= 0, -script "+strings.Join(scriptModes, "|")+", -client auto|plain")
 		os.Exit(2)
 	}
 	if err := run(*addr, *g, *duration, *warmup, *script, *client, *prefix); err != nil {
@@ -134,13 +136,10 @@ func main() {
 	}
 }
 
-func validScript(s string) bool {
-	switch s {
-	case "scripts", "strings", "return1", "minimal", "commands", "onehash":
-		return true
-	}
-	return false
-}
+// scriptModes are the -script values, in the order the usage lists them.
+var scriptModes = []string{"scripts", "strings", "return1", "minimal", "commands", "onehash"}
+
+func validScript(s string) bool { return slices.Contains(scriptModes, s) }
 
 // run prints the REDISFLOOR line itself: before its deferred closes, so that
 // the driver's snapshot at that line leaves out the connections' teardown.
@@ -252,7 +251,7 @@ func run(addr string, g int, duration, warmup time.Duration, script, client, pre
 // Redis.
 func iteration(scripter redisClient, script, prefix string) (func(ctx context.Context, key string) error, error) {
 	if !validScript(script) {
-		return nil, fmt.Errorf("-script %q: want scripts, strings, return1, minimal, commands or onehash", script)
+		return nil, fmt.Errorf("-script %q: want one of %s", script, strings.Join(scriptModes, ", "))
 	}
 	if script == "return1" {
 		one := redis.NewScript("return 1")
