@@ -328,6 +328,9 @@ type result struct {
 	// replayCounted: a record read by readLarge, counted in acct before it
 	// was read (replay does not count it again).
 	replayCounted bool
+	// bodyDone: the request's body was read to its end, or pass-through
+	// took charge of it (it bounds what is left itself); see finish.
+	bodyDone bool
 }
 
 // The key_source label and access-log field: a fixed set.
@@ -456,7 +459,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				h.refuseBody(w, r, &res, err, pol, body)
 				return
 			}
-			bodyRead = true
+			bodyRead, res.bodyDone = true, true
 		}
 		key, err = ks.derive(r, body, h.opts.MaxKeyLength)
 	} else {
@@ -486,7 +489,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.refuseBody(w, r, &res, err, pol, body)
 			return
 		}
-		bodyRead = true
+		bodyRead, res.bodyDone = true, true
 	}
 	fp := fingerprint(r, body, pol.Fingerprint)
 	scopeNames := h.opts.ScopeHeaders
@@ -567,6 +570,15 @@ func (h *Handler) finish(r *http.Request, res *result, start time.Time) {
 	h.metrics.countRequest(res.route, res.outcome, res.keySource)
 	h.metrics.count(h.metrics.responses, "responses", res.route, statusText(res.status))
 	res.arm() // for the final flush, after the handler returns
+	if !res.bodyDone && !res.hijacked && r.ContentLength != 0 {
+		// Answered before its body was read (a refusal: the key, the
+		// declared size, an upgrade; or the body failed part way). net/http
+		// reads what is left, up to 256 KiB, before it writes the answer, so
+		// as to keep the connection: within REQUEST_READ_TIMEOUT, or a client
+		// that declares a body and never sends it holds the connection and
+		// never gets its answer.
+		_ = res.rc.SetReadDeadline(time.Now().Add(h.opts.RequestReadTimeout))
+	}
 	ev := res.info()
 	if !ev.Enabled() {
 		return // (LOG_LEVEL above info: not even the clock is read)

@@ -23,6 +23,7 @@ import (
 // (UPSTREAM_TIMEOUT per write); a stream that flows is never cut.
 func (h *Handler) passthrough(w http.ResponseWriter, r *http.Request, res *result, outcome string) {
 	res.outcome = outcome
+	res.bodyDone = true // what is left of the body is bounded below
 	sw := &statusWriter{ResponseWriter: w, keep: proxyHeaders(w.Header(), h.opts.KeyHeader), rc: res.rc, res: res,
 		http10: !r.ProtoAtLeast(1, 1), client: r.Context()}
 	ctx, cancel := context.WithCancelCause(r.Context())
