@@ -8,12 +8,21 @@ import (
 // replayCache holds completed records by key, bounded in bytes, oldest
 // insertion evicted first. Records in it are shared and must not be
 // modified.
+//
+// A record handed out to replay (getHeld, putHeld) is held until the request
+// releases it (Record.Release), and counted in size until then even when it
+// leaves the cache: the proxy writes a cached record without counting it in
+// MAX_BUFFERED_BYTES, to clients that may read slowly for UPSTREAM_TIMEOUT,
+// so the cache's bound must cover it for as long as anything holds it.
 type replayCache struct {
 	maxBytes int
 	maxAge   time.Duration
 
-	mu    sync.Mutex
+	mu sync.Mutex
+	// size counts the entries in m and those that left it while held; it
+	// stays at most maxBytes. held counts the entries held, in m or not.
 	size  int
+	held  int
 	m     map[Key]*cacheEntry
 	queue []queued // insertion order, for eviction; may hold entries already gone
 	head  int
@@ -37,13 +46,22 @@ type cacheEntry struct {
 	rec     *Record
 	expires time.Time
 	size    int
+	c       *replayCache
+	readers int  // requests holding rec (getHeld, putHeld), until Release
+	gone    bool // out of m while held: still counted in size
 }
 
 func newReplayCache(maxBytes int, maxAge time.Duration) *replayCache {
 	return &replayCache{maxBytes: maxBytes, maxAge: maxAge, m: map[Key]*cacheEntry{}}
 }
 
-func (c *replayCache) get(k Key) (Fingerprint, *Record, uint64, bool) {
+func (c *replayCache) get(k Key) (Fingerprint, *Record, uint64, bool) { return c.lookup(k, false) }
+
+// getHeld is get for a request that replays the record: it holds it until
+// the record's Release.
+func (c *replayCache) getHeld(k Key) (Fingerprint, *Record, uint64, bool) { return c.lookup(k, true) }
+
+func (c *replayCache) lookup(k Key, hold bool) (Fingerprint, *Record, uint64, bool) {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -55,7 +73,35 @@ func (c *replayCache) get(k Key) (Fingerprint, *Record, uint64, bool) {
 		c.remove(k, e)
 		return Fingerprint{}, nil, c.gen, false
 	}
+	if hold {
+		c.hold(e)
+	}
 	return e.fp, e.rec, c.gen, true
+}
+
+func (c *replayCache) hold(e *cacheEntry) {
+	if e.readers == 0 {
+		c.held += e.size
+	}
+	e.readers++
+}
+
+// release ends one hold of e (Record.Release).
+func (c *replayCache) release(e *cacheEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e.readers == 0 {
+		return // (not held: a second Release of one hold)
+	}
+	e.readers--
+	if e.readers > 0 {
+		return
+	}
+	c.held -= e.size
+	if e.gone {
+		c.size -= e.size
+		e.rec = nil
+	}
 }
 
 // put caches rec, decoded from an encoding of encodedLen bytes (which its
@@ -63,6 +109,16 @@ func (c *replayCache) get(k Key) (Fingerprint, *Record, uint64, bool) {
 // gen is the generation read before rec was read from Redis: if a purge
 // (evict or clear) came since, rec is not cached.
 func (c *replayCache) put(k Key, fp Fingerprint, rec *Record, encodedLen int, expires time.Time, gen uint64) {
+	c.insert(k, fp, rec, encodedLen, expires, gen, false)
+}
+
+// putHeld is put for the request that read rec and replays it: if rec is
+// cached (rec.Cached), that request holds it until rec.Release.
+func (c *replayCache) putHeld(k Key, fp Fingerprint, rec *Record, encodedLen int, expires time.Time, gen uint64) {
+	c.insert(k, fp, rec, encodedLen, expires, gen, true)
+}
+
+func (c *replayCache) insert(k Key, fp Fingerprint, rec *Record, encodedLen int, expires time.Time, gen uint64, hold bool) {
 	size := recordSize(rec, encodedLen)
 	if size > c.maxBytes/8 { // one large answer must not flush everything else
 		return
@@ -70,16 +126,24 @@ func (c *replayCache) put(k Key, fp Fingerprint, rec *Record, encodedLen int, ex
 	if latest := time.Now().Add(c.maxAge); expires.After(latest) {
 		expires = latest
 	}
-	e := &cacheEntry{fp: fp, rec: rec, expires: expires, size: size}
+	e := &cacheEntry{fp: fp, rec: rec, expires: expires, size: size, c: c}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if gen != c.gen || c.off {
 		return // a purge since the read: rec may be what it deleted
 	}
+	if size > c.maxBytes-c.held {
+		// Evicting every entry nobody holds would not make room: the
+		// records being written to clients fill the cache's bound.
+		return
+	}
 	if old, ok := c.m[k]; ok {
 		c.remove(k, old)
 	}
-	rec.Cached = true
+	rec.Cached, rec.pin = true, e
+	if hold {
+		c.hold(e)
+	}
 	c.m[k] = e
 	c.size += size
 	c.queue = append(c.queue, queued{k, e})
@@ -110,9 +174,13 @@ func (c *replayCache) put(k Key, fp Fingerprint, rec *Record, encodedLen int, ex
 
 func (c *replayCache) remove(k Key, e *cacheEntry) {
 	delete(c.m, k)
+	c.stale++
+	if e.readers > 0 {
+		e.gone = true // counted until its last release
+		return
+	}
 	c.size -= e.size
 	e.rec = nil
-	c.stale++
 }
 
 // recordSize approximates the memory a decoded record holds: the encoded

@@ -336,15 +336,17 @@ type Lease struct {
 // Acquire claims key for a request with fingerprint fp, or reports why not.
 // It returns exactly one of:
 //   - a Lease: the key was free (or its earlier claim's lock expired); forward the request;
-//   - a Record: the key was completed for this fingerprint; replay it;
+//   - a Record: the key was completed for this fingerprint; replay it, then
+//     Release it (one from the replay cache is held until then);
 //   - ErrInFlight, ErrMismatch or ErrUnknown (test with errors.Is);
 //   - another error: Redis could not be asked.
 func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, terms Terms) (*Lease, *Record, error) {
 	var gen uint64 // on a miss: a purge from now on keeps this read's replay out of the cache
 	if s.cache != nil {
-		cfp, rec, g, ok := s.cache.get(key)
+		cfp, rec, g, ok := s.cache.getHeld(key)
 		if ok {
 			if cfp != fp {
+				rec.Release()
 				return nil, nil, ErrMismatch
 			}
 			s.obs(Event{Op: OpCacheHit, Result: "hit"})
@@ -410,7 +412,7 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, terms Term
 			if pttl, perr := strconv.ParseInt(args[1], 10, 64); perr == nil && pttl > 0 {
 				// Redis measured the remaining TTL after we sent the claim:
 				// counting from the send keeps the entry inside it.
-				s.cache.put(key, fp, rec, len(enc), start.Add(time.Duration(pttl)*time.Millisecond), gen)
+				s.cache.putHeld(key, fp, rec, len(enc), start.Add(time.Duration(pttl)*time.Millisecond), gen)
 			}
 		}
 		return nil, rec, nil

@@ -29,8 +29,22 @@ type Record struct {
 	Trace string
 	// Cached is set when the replay cache keeps the record (before any
 	// other request can get it): its memory is the cache's, shared by every
-	// replay of it, not the replaying request's own. Not encoded.
+	// replay of it, not the replaying request's own, and the request holds
+	// it until Release. Not encoded.
 	Cached bool
+	pin    *cacheEntry // the cache entry that Release lets go of (Cached)
+}
+
+// Release ends the hold of a request on a record that Store.Acquire
+// returned from, or into, the replay cache (Cached): the cache counts the
+// record in REPLAY_CACHE_BYTES until every request that replays it has
+// released it, even once it has left the cache. Call it once per record
+// Acquire returned, when the answer has been written; it does nothing for
+// a nil record or one not cached.
+func (r *Record) Release() {
+	if r != nil && r.pin != nil {
+		r.pin.c.release(r.pin)
+	}
 }
 
 // The encoding is binary so bodies are stored as bytes, not base64:

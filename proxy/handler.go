@@ -501,6 +501,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	res.key, res.hasKey = k, true
 
 	lease, rec, err := h.acquire(r.Context(), k, fp, pol)
+	// The replay cache counts a record it gave out until it is written
+	// (rec as it is when this returns: readLarge may read another).
+	defer func() { rec.Release() }()
 	if err != nil {
 		if pol.Observe && isLarge(err) {
 			// A completed record: forwarded, and counted would_replay, without reading it.
