@@ -96,6 +96,6 @@ func TestReview83HeldRecordsStayCounted(t *testing.T) {
 		t.Fatalf("all released: size %d, held %d", c2.size, c2.held)
 	}
 	var none *Record
-	none.Release()         // a nil record
+	none.Release()        // a nil record
 	(&Record{}).Release() // one never cached
 }
