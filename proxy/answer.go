@@ -233,6 +233,7 @@ func notStoredAnswer(status int) answer {
 // problem type writes nothing (the client is gone, or another stage writes).
 func (a answer) write(w http.ResponseWriter, res *result) {
 	res.status, res.outcome = a.status, a.outcome
+	res.boundBody()
 	if a.clientGone {
 		abandon()
 	}

@@ -329,8 +329,29 @@ type result struct {
 	// was read (replay does not count it again).
 	replayCounted bool
 	// bodyDone: the request's body was read to its end, or pass-through
-	// took charge of it (it bounds what is left itself); see finish.
-	bodyDone bool
+	// took charge of it (it bounds what is left itself), or what is left of
+	// it is bounded (boundBody). bodyLen is its declared length (-1 for
+	// unknown), readTimeout REQUEST_READ_TIMEOUT.
+	bodyDone    bool
+	bodyLen     int64
+	readTimeout time.Duration
+}
+
+// boundBody puts REQUEST_READ_TIMEOUT on what is left of a body the
+// request is answered without reading (a refusal: the key, the declared
+// size, an upgrade; or a body that failed part way). net/http reads what is
+// left, up to 256 KiB, before it writes the answer's header, so as to keep
+// the connection: inside the handler's own write when the answer is larger
+// than its 2 KiB buffer, or else after the handler returns. Without a
+// deadline, a client that declares a body and never sends it holds the
+// connection and never gets its answer. Called before any answer of the
+// proxy's own is written, and by finish.
+func (res *result) boundBody() {
+	if res.bodyDone || res.hijacked || res.bodyLen == 0 || res.rc == nil {
+		return
+	}
+	res.bodyDone = true
+	_ = res.rc.SetReadDeadline(time.Now().Add(res.readTimeout))
 }
 
 // The key_source label and access-log field: a fixed set.
@@ -400,7 +421,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id := xid.NewWithTime(start).String()
 	w.Header()[RequestIDHeader] = []string{id}
 	res := result{requestID: id, log: &h.opts.Logger, route: "default", upstreamMS: -1, rc: http.NewResponseController(w),
-		writeTimeout: h.opts.UpstreamTimeout, keySource: keySourceNone, docsLink: h.docsLink, acct: account{b: h.buffered}}
+		writeTimeout: h.opts.UpstreamTimeout, keySource: keySourceNone, docsLink: h.docsLink, acct: account{b: h.buffered},
+		bodyLen: r.ContentLength, readTimeout: h.opts.RequestReadTimeout}
 	defer h.finish(r, &res, start)
 	if r.Trailer != nil { // before the body is read: the announced names only
 		res.trailers = slices.Collect(maps.Keys(r.Trailer))
@@ -532,7 +554,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case err == nil && rec != nil && pol.Observe:
-		h.refuse(w, r, &res, answer{status: rec.Status, outcome: outcomeReplayed}, pol, body)
+		// Forwarded, for as long as the upstream takes: the record is not
+		// written, so the replay cache need not count it meanwhile.
+		status := rec.Status
+		rec.Release()
+		rec = nil
+		h.refuse(w, r, &res, answer{status: status, outcome: outcomeReplayed}, pol, body)
 	case err == nil && rec != nil:
 		h.replay(w, rec, &res)
 	case err == nil:
@@ -573,15 +600,7 @@ func (h *Handler) finish(r *http.Request, res *result, start time.Time) {
 	h.metrics.countRequest(res.route, res.outcome, res.keySource)
 	h.metrics.count(h.metrics.responses, "responses", res.route, statusText(res.status))
 	res.arm() // for the final flush, after the handler returns
-	if !res.bodyDone && !res.hijacked && r.ContentLength != 0 {
-		// Answered before its body was read (a refusal: the key, the
-		// declared size, an upgrade; or the body failed part way). net/http
-		// reads what is left, up to 256 KiB, before it writes the answer, so
-		// as to keep the connection: within REQUEST_READ_TIMEOUT, or a client
-		// that declares a body and never sends it holds the connection and
-		// never gets its answer.
-		_ = res.rc.SetReadDeadline(time.Now().Add(h.opts.RequestReadTimeout))
-	}
+	res.boundBody()
 	ev := res.info()
 	if !ev.Enabled() {
 		return // (LOG_LEVEL above info: not even the clock is read)
