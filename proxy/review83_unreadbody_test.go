@@ -37,28 +37,33 @@ func TestReview83RefusalWithUnsentBodyIsBounded(t *testing.T) {
 		{"chunked body over MAX_BODY_BYTES, then stalled", "POST /v1/orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k2\r\nTransfer-Encoding: chunked\r\n\r\n", "14\r\n01234567890123456789\r\n", http.StatusRequestEntityTooLarge},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			conn, err := net.DialTimeout("tcp", e.srv.Listener.Addr().String(), 2*time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			if _, err := fmt.Fprint(conn, c.head+c.body); err != nil {
-				t.Fatal(err)
-			}
-			// The rest of the body is never sent.
-			wait := readTimeout + 4*time.Second
-			_ = conn.SetReadDeadline(time.Now().Add(wait))
-			start := time.Now()
-			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-			if err != nil {
-				t.Fatalf("no answer within %v (REQUEST_READ_TIMEOUT=%v): %v", time.Since(start).Round(time.Millisecond), readTimeout, err)
-			}
-			_ = resp.Body.Close()
-			if resp.StatusCode != c.status {
-				t.Errorf("status %d, want %d", resp.StatusCode, c.status)
-			}
-			t.Logf("answered %d after %v", resp.StatusCode, time.Since(start).Round(time.Millisecond))
-		})
+		t.Run(c.name, func(t *testing.T) { expectAnswerWithoutBody(t, e, c.head+c.body, c.status, readTimeout) })
 	}
+}
+
+// expectAnswerWithoutBody sends head (a request that declares a body it
+// never sends, and whatever part of it is in head) and requires an answer of
+// status within readTimeout and 4 s of slack.
+func expectAnswerWithoutBody(t *testing.T, e *env, head string, status int, readTimeout time.Duration) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", e.srv.Listener.Addr().String(), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := fmt.Fprint(conn, head); err != nil {
+		t.Fatal(err)
+	}
+	// The rest of the body is never sent.
+	_ = conn.SetReadDeadline(time.Now().Add(readTimeout + 4*time.Second))
+	start := time.Now()
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer within %v (REQUEST_READ_TIMEOUT=%v): %v", time.Since(start).Round(time.Millisecond), readTimeout, err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != status {
+		t.Errorf("status %d, want %d", resp.StatusCode, status)
+	}
+	t.Logf("answered %d after %v", resp.StatusCode, time.Since(start).Round(time.Millisecond))
 }

@@ -1,9 +1,6 @@
 package proxy_test
 
 import (
-	"bufio"
-	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -38,28 +35,6 @@ func TestReview84LongRefusalWithUnsentBodyIsBounded(t *testing.T) {
 			"POST /v1/orders HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: websocket\r\nContent-Length: 100\r\n\r\n"},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			conn, err := net.DialTimeout("tcp", e.srv.Listener.Addr().String(), 2*time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			if _, err := fmt.Fprint(conn, c.head); err != nil {
-				t.Fatal(err)
-			}
-			// The body is never sent.
-			wait := readTimeout + 4*time.Second
-			_ = conn.SetReadDeadline(time.Now().Add(wait))
-			start := time.Now()
-			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-			if err != nil {
-				t.Fatalf("no answer within %v (REQUEST_READ_TIMEOUT=%v): %v", time.Since(start).Round(time.Millisecond), readTimeout, err)
-			}
-			_ = resp.Body.Close()
-			if resp.StatusCode != http.StatusBadRequest {
-				t.Errorf("status %d, want 400", resp.StatusCode)
-			}
-			t.Logf("answered %d after %v", resp.StatusCode, time.Since(start).Round(time.Millisecond))
-		})
+		t.Run(c.name, func(t *testing.T) { expectAnswerWithoutBody(t, e, c.head, http.StatusBadRequest, readTimeout) })
 	}
 }
