@@ -38,6 +38,9 @@ type answer struct {
 	closeConn  bool // the request body stalled: the connection is not reused
 	clientGone bool // the client hung up (statusClientClosed): no answer at all (abandon)
 	replayed   bool // Idempotent-Replayed: true (an unknown outcome's answer)
+	// authenticate: a 401, which must name a scheme (RFC 9110 section
+	// 11.6.1): the sender's signature is the credential.
+	authenticate bool
 }
 
 // forwarded reports whether the answer is to forward the request rather
@@ -71,6 +74,16 @@ func (h *Handler) keyAnswer(err error, pol Policy, method string) answer {
 	}
 	return answer{status: http.StatusBadRequest, outcome: outcomeInvalid, typ: typeKeyInvalid,
 		title: h.opts.KeyHeader + " is invalid", detail: err.Error() + "."}
+}
+
+// signatureInvalid: a delivery on a verify= route whose signature does not
+// verify (err says why, in words for the sender: never a secret). Nothing
+// is claimed or forwarded; no Retry-After, since the same delivery fails
+// again.
+func signatureInvalid(err error) answer {
+	return answer{status: http.StatusUnauthorized, outcome: outcomeSignatureInvalid, typ: typeSignatureInvalid,
+		title: "Signature is invalid", authenticate: true,
+		detail: "The delivery's signature could not be verified (" + err.Error() + "). Nothing was recorded or forwarded."}
 }
 
 // bodyAnswer: the stage that buffers a keyed body. err is readBody's.
@@ -164,6 +177,8 @@ func unknownAnswer(status int) answer {
 // could not be read at all).
 func observeAnswer(a answer) (outcome string, ok bool) {
 	switch a.outcome {
+	case outcomeSignatureInvalid:
+		return outcomeWouldReject, true
 	case outcomeInvalid, outcomeTooLarge:
 		if a.typ == typeBodyUnreadable || a.typ == typeRequestTimeout {
 			// The client broke off, or its body stalled (observe reads it
@@ -209,11 +224,17 @@ func upstreamAnswer(err error, neverLeft bool) answer {
 }
 
 // recordAnswer: the stage that forwards, for an answer whose status
-// arrived. A 5xx is released unless the policy stores it; anything else is
-// recorded (without its body when it broke off).
+// arrived. A 5xx is released unless the policy stores it, a 401 or 403 when
+// the policy releases them (ReleaseAuth); anything else is recorded
+// (without its body when it broke off).
 func recordAnswer(status int, pol Policy, takeover bool) answer {
 	switch {
 	case status >= 500 && !pol.Store5xx:
+		return answer{status: status, outcome: outcomeReleased}
+	case (status == http.StatusUnauthorized || status == http.StatusForbidden) && pol.ReleaseAuth:
+		// Where the key is derived from the message, whoever sends a
+		// message id first holds it: a forgery refused by the upstream
+		// must not be replayed to the genuine delivery.
 		return answer{status: status, outcome: outcomeReleased}
 	case takeover:
 		return answer{status: status, outcome: outcomeTakeover}
@@ -248,6 +269,9 @@ func (a answer) write(w http.ResponseWriter, res *result) {
 	}
 	if a.replayed {
 		w.Header()["Idempotent-Replayed"] = replayedTrue
+	}
+	if a.authenticate {
+		w.Header().Set("WWW-Authenticate", `Signature realm="webhook"`)
 	}
 	if res.docsLink != nil {
 		w.Header()["Link"] = res.docsLink

@@ -26,6 +26,7 @@ func TestBehaviourTable(t *testing.T) {
 	required := Policy{Required: true}
 	open := Policy{FailOpen: true}
 	store5xx := Policy{Store5xx: true}
+	releaseAuth := Policy{ReleaseAuth: true}
 	redisDown := fmt.Errorf("claim x: %w", &net.OpError{Op: "dial", Err: errors.New("connection refused")})
 	redisOOM := fmt.Errorf("claim x: %w", oomError{})
 	dialErr := &net.OpError{Op: "dial", Err: errors.New("connection refused")}
@@ -59,6 +60,11 @@ func TestBehaviourTable(t *testing.T) {
 		{"upstream unreachable", upstreamAnswer(dialErr, true), 502, outcomeReleased, typeUpstreamUnreachable, false},
 		{"upstream 5xx, release", recordAnswer(503, Policy{}, false), 503, outcomeReleased, "", false},
 		{"upstream 5xx, store", recordAnswer(503, store5xx, false), 503, outcomeExecuted, "", false},
+		{"signature does not verify (verify=)", signatureInvalid(errors.New("no valid signature")), 401, outcomeSignatureInvalid, typeSignatureInvalid, false},
+		{"upstream 401, key derived", recordAnswer(401, releaseAuth, false), 401, outcomeReleased, "", false},
+		{"upstream 403, key derived", recordAnswer(403, releaseAuth, false), 403, outcomeReleased, "", false},
+		{"upstream 401, header key or record4xx=all", recordAnswer(401, Policy{}, false), 401, outcomeExecuted, "", false},
+		{"upstream 404, key derived", recordAnswer(404, releaseAuth, false), 404, outcomeExecuted, "", false},
 		{"upstream timed out after sending", upstreamAnswer(timeout, false), 504, outcomeUpstreamError, typeUpstreamTimeout, false},
 		{"connection reset after sending", upstreamAnswer(errors.New("connection reset"), false), 502, outcomeUpstreamError, typeUpstreamFailed, false},
 		{"lock expired: takeover", recordAnswer(201, Policy{}, true), 201, outcomeTakeover, "", false},

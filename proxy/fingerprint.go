@@ -1,18 +1,20 @@
 package proxy
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"fmt"
 	"hash"
+	"io"
 	"net/http"
-	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
-
-	"github.com/gowebpki/jcs"
+	"unsafe"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/proxy/jcs"
 )
 
 // Fingerprint is what makes two requests with one key "the same"
@@ -49,21 +51,15 @@ func ParseFingerprint(s string) (Fingerprint, error) {
 // which none of the first three can contain. The strict form is the one
 // records were always written with; the others start with a profile tag,
 // so no two profiles ever produce one fingerprint.
+//
+// The json profile's work is bounded by fingerprintScratch, which the
+// caller counts in the request's share of MAX_BUFFERED_BYTES first.
 func fingerprint(r *http.Request, body []byte, prof Fingerprint) claim.Fingerprint {
 	var small [256]byte // the fields, and a small body after them, without allocating
 	b := small[:0]
 	switch prof {
 	case FingerprintJSON:
-		b = append(b, "\x00json\x00"...)
-		b = appendMethodPath(b, r)
-		b = appendSortedQuery(b, r.URL.RawQuery)
-		b = append(b, 0)
-		if canon, ok := canonicalJSON(body); ok {
-			b = append(b, 'j')
-			body = canon
-		} else {
-			b = append(b, 'b')
-		}
+		return jsonFingerprint(r, body)
 	case FingerprintNone:
 		b = append(b, "\x00none\x00"...)
 		b = appendMethodPath(b, r)
@@ -77,6 +73,64 @@ func fingerprint(r *http.Request, body []byte, prof Fingerprint) claim.Fingerpri
 		return sha256.Sum256(append(b, body...))
 	}
 	return hashPair(b, body)
+}
+
+// jsonFingerprint is the json profile: the method and path, the query
+// parameters sorted, and the body's RFC 8785 form when it has one (tagged
+// j), its bytes otherwise (tagged b). Everything is streamed into the hash:
+// neither the sorted query nor the canonical body is built in memory.
+func jsonFingerprint(r *http.Request, body []byte) claim.Fingerprint {
+	hs := hashers.Get().(*hasher)
+	defer hs.put()
+	var fields [256]byte
+	b := append(fields[:0], "\x00json\x00"...)
+	b = appendMethodPath(b, r)
+	hs.h.Reset()
+	hs.h.Write(b)
+	writeSortedQuery(hs.h, r.URL.RawQuery)
+	hs.h.Write([]byte{0})
+	// jcs writes nothing unless the whole body canonicalises, so the tag
+	// goes in with its first byte.
+	tagged := &taggedWriter{w: hs.h, tag: 'j'}
+	if len(body) == 0 || jcs.Write(tagged, body) != nil {
+		hs.h.Write([]byte{'b'})
+		hs.h.Write(body)
+	}
+	hs.h.Sum(hs.sum[:0])
+	return hs.sum
+}
+
+// taggedWriter writes tag before the first bytes written to it.
+type taggedWriter struct {
+	w       io.Writer
+	tag     byte
+	started bool
+}
+
+func (t *taggedWriter) Write(p []byte) (int, error) {
+	if !t.started && len(p) > 0 {
+		t.started = true
+		if _, err := t.w.Write([]byte{t.tag}); err != nil {
+			return 0, err
+		}
+	}
+	return t.w.Write(p)
+}
+
+// fingerprintScratch is what fingerprinting r and body with prof may hold
+// in memory beyond them, at most: the json profile's canonical form of the
+// body (jcs.ScratchBound) and its sorted query. The caller counts it in
+// MAX_BUFFERED_BYTES before it fingerprints: hostile bodies must not grow
+// the heap past the bound the proxy documents.
+func fingerprintScratch(r *http.Request, body []byte, prof Fingerprint) int64 {
+	if prof != FingerprintJSON {
+		return 0
+	}
+	var n int64
+	if len(body) > 0 {
+		n = int64(jcs.ScratchBound(len(body)))
+	}
+	return n + querySortScratch(len(r.URL.RawQuery))
 }
 
 // hasher is a SHA-256 state kept in a pool, with room for its input's
@@ -103,10 +157,15 @@ func hashPair(a, b []byte) claim.Fingerprint {
 	hs.h.Write(b)
 	hs.h.Sum(hs.sum[:0])
 	fp := hs.sum
-	if cap(hs.pre) <= 1<<10 { // a long path's copy is not kept
+	hs.put()
+	return fp
+}
+
+// put returns hs to the pool, unless a long path's copy grew it.
+func (hs *hasher) put() {
+	if cap(hs.pre) <= 1<<10 {
 		hashers.Put(hs)
 	}
-	return fp
 }
 
 func appendMethodPath(b []byte, r *http.Request) []byte {
@@ -116,121 +175,145 @@ func appendMethodPath(b []byte, r *http.Request) []byte {
 	return append(b, 0)
 }
 
-// appendSortedQuery writes the decoded query parameters sorted by name,
-// then value, each length-prefixed (a raw query that does not decode is
-// written as it is, tagged so).
-func appendSortedQuery(b []byte, raw string) []byte {
+// writeSortedQuery writes the decoded query parameters sorted by name,
+// then value, each length-prefixed, after a 'q'; a raw query that does not
+// decode as url.ParseQuery would (a ";", a bad escape) is written as it
+// is, after an 'r'. Nothing for an empty query. The pairs are decoded once
+// into one buffer and sorted as spans of it: no map, no string per pair.
+func writeSortedQuery(w io.Writer, raw string) {
 	if raw == "" {
-		return b
+		return
 	}
-	q, err := url.ParseQuery(raw)
-	if err != nil {
-		b = append(b, 'r')
-		return append(b, raw...)
+	qs := querySorters.Get().(*querySorter)
+	defer qs.put()
+	if !qs.parse(raw) {
+		w.Write([]byte{'r'})
+		io.WriteString(w, raw)
+		return
 	}
-	type kv struct{ k, v string }
-	var pairs []kv
-	for k, vv := range q {
-		for _, v := range vv {
-			pairs = append(pairs, kv{k, v})
-		}
-	}
-	slices.SortFunc(pairs, func(a, c kv) int {
-		if n := strings.Compare(a.k, c.k); n != 0 {
+	slices.SortFunc(qs.pairs, func(a, c queryPair) int {
+		if n := bytes.Compare(qs.text(a.k), qs.text(c.k)); n != 0 {
 			return n
 		}
-		return strings.Compare(a.v, c.v)
+		return bytes.Compare(qs.text(a.v), qs.text(c.v))
 	})
-	b = append(b, 'q')
-	for _, p := range pairs {
-		b = fmt.Appendf(b, "%d:%s%d:%s", len(p.k), p.k, len(p.v), p.v)
+	if cap(qs.out) < 4<<10 {
+		qs.out = make([]byte, 0, 4<<10)
 	}
-	return b
-}
-
-// maxCanonicalBytes bounds the bodies fingerprint=json canonicalises: the
-// JCS library builds a tree of about 100 times the body's size. Larger
-// bodies are compared byte for byte.
-const maxCanonicalBytes = 64 << 10
-
-// canonicalJSON is body's RFC 8785 form, when body is JSON of at most
-// maxCanonicalBytes whose every number survives the trip through a double
-// (JCS writes numbers as IEEE 754 doubles: 820982911946154508 and ...509
-// would compare equal). Otherwise ok is false and the bytes are compared.
-func canonicalJSON(body []byte) ([]byte, bool) {
-	if len(body) == 0 || len(body) > maxCanonicalBytes || !numbersFitDoubles(body) {
-		return nil, false
-	}
-	canon, err := jcs.Transform(body)
-	return canon, err == nil
-}
-
-// numbersFitDoubles reports whether every number literal in the JSON text
-// has at most 15 significant digits and a decimal exponent within the
-// normal double range: such decimals map to distinct doubles, so equal
-// canonical forms mean equal numbers.
-func numbersFitDoubles(doc []byte) bool {
-	for i := 0; i < len(doc); i++ {
-		switch c := doc[i]; {
-		case c == '"':
-			for i++; i < len(doc) && doc[i] != '"'; i++ {
-				if doc[i] == '\\' {
-					i++
-				}
+	out := qs.out[:0]
+	// emit goes through the fixed buffer; a part too long for it goes
+	// straight to w.
+	emit := func(p []byte) {
+		if len(out)+len(p) > cap(out) {
+			w.Write(out)
+			out = out[:0]
+			if len(p) > cap(out) {
+				w.Write(p)
+				return
 			}
-		case c == '-' || (c >= '0' && c <= '9'):
-			j := i
-			for j < len(doc) && strings.IndexByte("+-0123456789.eE", doc[j]) >= 0 {
-				j++
-			}
-			if !numberFitsDouble(doc[i:j]) {
-				return false
-			}
-			i = j - 1
 		}
+		out = append(out, p...)
+	}
+	var num [24]byte
+	emit([]byte{'q'})
+	for _, p := range qs.pairs {
+		k, v := qs.text(p.k), qs.text(p.v)
+		emit(append(strconv.AppendInt(num[:0], int64(len(k)), 10), ':'))
+		emit(k)
+		emit(append(strconv.AppendInt(num[:0], int64(len(v)), 10), ':'))
+		emit(v)
+	}
+	w.Write(out)
+	qs.out = out[:0]
+}
+
+// querySortScratch bounds what writeSortedQuery holds for a raw query of n
+// bytes: the decoded text (at most n), a pair of spans for each pair (at
+// most n/2 pairs, "a&b&"), and its 4 KiB output buffer.
+func querySortScratch(n int) int64 {
+	if n == 0 {
+		return 0
+	}
+	return int64(n) + int64(n/2+1)*int64(unsafe.Sizeof(queryPair{})) + 4<<10 + 64
+}
+
+// queryPair is a decoded key and value: [start, end) in querySorter.dec.
+type queryPair struct{ k, v [2]int32 }
+
+// querySorter is the scratch of writeSortedQuery, pooled.
+type querySorter struct {
+	dec   []byte
+	pairs []queryPair
+	out   []byte
+}
+
+var querySorters = sync.Pool{New: func() any { return new(querySorter) }}
+
+// put returns the scratch to the pool, unless a long query grew it.
+func (qs *querySorter) put() {
+	if cap(qs.dec) <= 4<<10 && cap(qs.pairs) <= 256 && cap(qs.out) <= 8<<10 {
+		querySorters.Put(qs)
+	}
+}
+
+func (qs *querySorter) text(span [2]int32) []byte { return qs.dec[span[0]:span[1]] }
+
+// parse decodes raw's pairs as url.ParseQuery does (split on "&", empty
+// pairs skipped, key and value unescaped), or reports that it would fail.
+func (qs *querySorter) parse(raw string) bool {
+	if strings.IndexByte(raw, ';') >= 0 {
+		return false
+	}
+	// Sized once, exactly: growing by appends would allocate about twice
+	// what querySortScratch counts.
+	n := 0
+	for pair := range strings.SplitSeq(raw, "&") {
+		if pair != "" {
+			n++
+		}
+	}
+	if cap(qs.pairs) < n {
+		qs.pairs = make([]queryPair, 0, n)
+	}
+	if cap(qs.dec) < len(raw) {
+		qs.dec = make([]byte, 0, len(raw))
+	}
+	qs.dec, qs.pairs = qs.dec[:0], qs.pairs[:0]
+	for pair := range strings.SplitSeq(raw, "&") {
+		if pair == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(pair, "=")
+		var p queryPair
+		var ok bool
+		if p.k, ok = qs.unescape(k); !ok {
+			return false
+		}
+		if p.v, ok = qs.unescape(v); !ok {
+			return false
+		}
+		qs.pairs = append(qs.pairs, p)
 	}
 	return true
 }
 
-func numberFitsDouble(n []byte) bool {
-	digits, lead, exp, seenDot, fracDigits := 0, true, 0, false, 0
-	i := 0
-	for ; i < len(n) && n[i] != 'e' && n[i] != 'E'; i++ {
-		switch c := n[i]; {
-		case c == '.':
-			seenDot = true
-		case c >= '0' && c <= '9':
-			if seenDot {
-				fracDigits++
+// unescape appends s decoded as url.QueryUnescape would ("+" is a space)
+// to qs.dec and returns its span.
+func (qs *querySorter) unescape(s string) ([2]int32, bool) {
+	start := len(qs.dec)
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '+':
+			qs.dec = append(qs.dec, ' ')
+		case '%':
+			if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
+				return [2]int32{}, false
 			}
-			if lead && c == '0' {
-				continue
-			}
-			lead = false
-			digits++
+			qs.dec = append(qs.dec, unhex(s[i+1])<<4|unhex(s[i+2]))
+			i += 2
+		default:
+			qs.dec = append(qs.dec, c)
 		}
 	}
-	if i < len(n) {
-		e := 0
-		neg := false
-		for _, c := range n[i+1:] {
-			switch {
-			case c == '-':
-				neg = true
-			case c >= '0' && c <= '9':
-				if e < 100000 {
-					e = e*10 + int(c-'0')
-				}
-			}
-		}
-		if neg {
-			e = -e
-		}
-		exp = e
-	}
-	if digits == 0 {
-		return true // zero, however written
-	}
-	mag := exp - fracDigits + digits // decimal magnitude of the leading digit, roughly
-	return digits <= 15 && mag > -300 && mag < 300
+	return [2]int32{int32(start), int32(len(qs.dec))}, true
 }

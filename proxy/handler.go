@@ -89,6 +89,9 @@ type Handler struct {
 
 	stopWaits     chan struct{} // closed by StopWaiting
 	stopWaitsOnce sync.Once
+	// notJSONWarned holds the routes whose first body that was not JSON has
+	// been warned of (once per route: the metric counts the rest).
+	notJSONWarned sync.Map
 }
 
 // StopWaiting ends every WAIT_TIMEOUT wait at once with a 409 (the client
@@ -141,6 +144,13 @@ func New(store Store, opts Options) (*Handler, error) {
 		stopWaits: make(chan struct{}),
 	}
 	opts.Metrics.watchBuffered(&h.buffered.used)
+	for _, rt := range opts.Routes {
+		if rt.Key != nil && rt.Key.needsBody {
+			// Exported at zero: a series first scraped at 1 is one that
+			// rate() and increase() never see grow.
+			opts.Metrics.bodyNotJSON.WithLabelValues(rt.Pattern)
+		}
+	}
 	for _, m := range opts.Methods {
 		h.methods[m] = true
 	}
@@ -472,9 +482,25 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		bodyRead bool
 		err      error
 	)
+	if pol.Verifier != nil {
+		// The sender's signature is checked before anything else: a forged
+		// delivery must neither claim its message id (the genuine one would
+		// get the forgery's answer) nor reach the upstream.
+		if body, err = readBody(res.rc, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout, pol.Observe, &res.acct); err != nil {
+			h.refuseBody(w, r, &res, err, pol, body)
+			return
+		}
+		bodyRead, res.bodyDone = true, true
+		if err = pol.Verifier.Verify(r.Header, body, time.Now()); err != nil {
+			res.keySource = keySourceDerived
+			res.warn().Str("reason", err.Error()).Msg("delivery refused: its signature does not verify (verify=); nothing claimed or forwarded")
+			h.refuse(w, r, &res, signatureInvalid(err), pol, body)
+			return
+		}
+	}
 	if ks := pol.Key; ks != nil {
 		res.keySource = keySourceDerived
-		if ks.needsBody {
+		if ks.needsBody && !bodyRead {
 			// The key is in the body: it is read (and MAX_BODY_BYTES applies)
 			// before the key, whether or not it holds one.
 			if body, err = readBody(res.rc, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout, pol.Observe, &res.acct); err != nil {
@@ -489,6 +515,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		key, err = parseKey(r.Header.Values(h.opts.KeyHeader), h.opts.MaxKeyLength)
 	}
 	if err != nil {
+		if errors.Is(err, errNoKeyNotJSON) {
+			h.noteNotJSON(&res, pol)
+		}
 		if a := h.keyAnswer(err, pol, r.Method); a.forwarded() {
 			res.keySource = keySourceNone
 			if bodyRead {
@@ -513,7 +542,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		bodyRead, res.bodyDone = true, true
 	}
+	// The json profile's canonical form is built in scratch memory that
+	// hostile bodies make as large as ScratchBound: counted first, as a
+	// body is, and refused in the same way when there is no room.
+	scratch := fingerprintScratch(r, body, pol.Fingerprint)
+	if scratch > 0 && !res.acct.take(scratch) {
+		h.metrics.bufferFull.Inc()
+		res.warn().Int64("max_buffered_bytes", h.opts.MaxBufferedBytes).
+			Msg("MAX_BUFFERED_BYTES reached: no room to canonicalise the body (fingerprint=json); answered 503")
+		h.refuse(w, r, &res, h.overloaded(), pol, body)
+		return
+	}
 	fp := fingerprint(r, body, pol.Fingerprint)
+	res.acct.give(scratch)
 	scopeNames := h.opts.ScopeHeaders
 	if pol.ScopeSet {
 		scopeNames = pol.Scope
@@ -617,6 +658,19 @@ func (h *Handler) finish(r *http.Request, res *result, start time.Time) {
 		ev = ev.Float64("upstream_ms", res.upstreamMS)
 	}
 	ev.Float64("total_ms", float64(time.Since(start).Microseconds())/1000).Msg("request")
+}
+
+// noteNotJSON counts a request whose key could not be read because its
+// body is not JSON, and warns once per route: a sender that always sends
+// such bodies (a byte-order mark, gzip) is never protected, silently.
+func (h *Handler) noteNotJSON(res *result, pol Policy) {
+	h.metrics.countKey([4]string{"body_not_json", res.route}, func() prometheus.Counter {
+		return h.metrics.bodyNotJSON.WithLabelValues(res.route)
+	})
+	if _, warned := h.notJSONWarned.LoadOrStore(res.route, true); !warned {
+		res.warn().Str("route", res.route).Str("key", pol.Key.Text).
+			Msg("the key of this route is read from a JSON body, and a body that is not JSON arrived (a byte-order mark, Content-Encoding, a form?): such requests have no key and run without protection; counted in idemproxy_key_body_not_json_total, warned once per route")
+	}
 }
 
 // noteUnknown counts a key that this request found with its lock expired

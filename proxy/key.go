@@ -8,6 +8,12 @@ import (
 
 var errNoKey = errors.New("no key")
 
+// errNoKeyNotJSON: no alternative of a key=SOURCE was complete, and one
+// needed a json: part from a body that is not JSON (a byte-order mark,
+// gzip, a form): counted and warned of, since every such delivery runs
+// without protection.
+var errNoKeyNotJSON = fmt.Errorf("%w: the body is not JSON", errNoKey)
+
 // parseKey extracts the idempotency key from the header's values. A value in
 // IETF structured-field string form ("abc", with \" and \\ escapes) is
 // unquoted; a bare token (as Stripe's clients send) is taken as it is. The

@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/idemproxy/idemproxy/proxy/jsonpointer"
 )
 
 // KeySource is a parsed route option key=SOURCE: where an at-least-once
@@ -30,10 +32,10 @@ const (
 )
 
 type keyPart struct {
-	kind   partKind
-	name   string   // canonical header name, or query parameter name
-	tokens []string // json: the pointer's reference tokens
-	text   string   // the part as written, for messages
+	kind partKind
+	name string              // canonical header name, or query parameter name
+	ptr  jsonpointer.Pointer // json: where the value is
+	text string              // the part as written, for messages
 }
 
 // keyPresets are the message ids of common senders.
@@ -87,20 +89,39 @@ func ParseKeySource(src string) (*KeySource, error) {
 				if !strings.HasPrefix(arg, "/") {
 					return nil, fmt.Errorf("part %q: a JSON pointer starts with / (RFC 6901), e.g. json:/id", text)
 				}
-				tokens, err := parsePointer(arg)
+				ptr, err := jsonpointer.Parse(arg)
 				if err != nil {
 					return nil, fmt.Errorf("part %q: %w", text, err)
 				}
-				p.kind, p.tokens = partJSON, tokens
+				p.kind, p.ptr = partJSON, ptr
 				ks.needsBody = true
 			default:
 				return nil, fmt.Errorf("part %q: unknown kind %q (want header, query or json)", text, kind)
 			}
 			parts = append(parts, p)
 		}
+		for _, prev := range ks.alts {
+			if _, preset := keyPresets[src]; !preset && len(prev) == len(parts) {
+				// The key is the SOURCE and the values, not which
+				// alternative gave them (so that the presets' alternatives,
+				// two spellings of one id, make one key): two alternatives
+				// of one length would make X-Order: 42 and X-Customer: 42
+				// one key.
+				return nil, fmt.Errorf("alternatives %s and %s both have %d part(s): a request matching one and a request matching the other with the same values would share a key; give each alternative a different number of parts, or use one route per id", altText(prev), altText(parts), len(parts))
+			}
+		}
 		ks.alts = append(ks.alts, parts)
 	}
 	return ks, nil
+}
+
+// altText is an alternative as written.
+func altText(parts []keyPart) string {
+	texts := make([]string, len(parts))
+	for i, p := range parts {
+		texts[i] = p.text
+	}
+	return strings.Join(texts, "+")
 }
 
 // ValidHeaderName reports whether s is an RFC 9110 token: a header name a
@@ -191,14 +212,21 @@ alternatives:
 				if bodyIsJSON == 0 {
 					continue alternatives
 				}
-				var ok bool
-				if v, ok = jsonPointerValue(body, p.tokens); !ok {
-					continue alternatives
+				raw, err := p.ptr.Find(body)
+				if errors.Is(err, jsonpointer.ErrDuplicate) {
+					// Parsers disagree on which of two members counts:
+					// the upstream may act on the other one, so the
+					// message has no one id, as for a repeated header.
+					bad("key part %s: a member on its path appears more than once in the body", p.text)
+					continue
 				}
-				if strings.ContainsRune(v, utf8.RuneError) {
-					// Invalid UTF-8 or an unpaired surrogate decodes to
-					// U+FFFD: two different ids would share one key, so
-					// such a member is no usable id: absent.
+				if err == nil {
+					v, err = jsonpointer.Text(raw)
+				}
+				if err != nil {
+					// Missing, not a string or number, or a string that
+					// held invalid UTF-8 or an unpaired surrogate (two
+					// different ids would decode alike): no usable id.
 					continue alternatives
 				}
 			}
@@ -216,6 +244,9 @@ alternatives:
 		}
 		return ks.key(values), nil
 	}
+	if bodyIsJSON == 0 {
+		return "", errNoKeyNotJSON
+	}
 	return "", errNoKey
 }
 
@@ -229,11 +260,7 @@ func (ks *KeySource) Key(values []string) (string, error) {
 		if len(alt) == len(values) {
 			return ks.key(values), nil
 		}
-		texts := make([]string, len(alt))
-		for i, p := range alt {
-			texts[i] = p.text
-		}
-		counts = append(counts, fmt.Sprintf("%d (%s)", len(alt), strings.Join(texts, "+")))
+		counts = append(counts, fmt.Sprintf("%d (%s)", len(alt), altText(alt)))
 	}
 	return "", fmt.Errorf("key source %s takes %s values, not %d", ks.Text, strings.Join(counts, " or "), len(values))
 }

@@ -14,22 +14,23 @@ import (
 // Outcomes, the `outcome` label of idemproxy_requests_total and the
 // `outcome` field of the access log.
 const (
-	outcomeExecuted      = "executed"       // claimed, forwarded, recorded
-	outcomeTakeover      = "takeover"       // as executed, after taking over an expired claim
-	outcomeReplayed      = "replayed"       // answered from the record
-	outcomeInFlight      = "in_flight"      // 409: the first is still running
-	outcomeMismatch      = "mismatch"       // 422: key reused for another request
-	outcomeInvalid       = "invalid"        // 400: key missing (required), malformed; unreadable body
-	outcomeTooLarge      = "too_large"      // 413: request body over MAX_BODY_BYTES
-	outcomeOverloaded    = "overloaded"     // 503: MAX_BUFFERED_BYTES reached, the request not let in or its replay refused
-	outcomeStoreError    = "store_error"    // 503 (fail closed), or the answer could not be recorded
-	outcomeFailOpen      = "fail_open"      // Redis unreachable, forwarded without guarantee
-	outcomeReleased      = "released"       // upstream 5xx or never reached: claim freed for a retry
-	outcomeUpstreamError = "upstream_error" // timeout or broken answer after sending: claim kept
-	outcomePassthrough   = "passthrough"    // method not covered, or route "off"
-	outcomeNoKey         = "no_key"         // covered, no key, key not required: forwarded as is
-	outcomeLost          = "lost"           // our claim expired and was taken over: the key executed twice
-	outcomeUnknown       = "unknown"        // the key's outcome is unknown (ON_UNKNOWN=hold): answered 502/504, not executed
+	outcomeExecuted         = "executed"          // claimed, forwarded, recorded
+	outcomeTakeover         = "takeover"          // as executed, after taking over an expired claim
+	outcomeReplayed         = "replayed"          // answered from the record
+	outcomeInFlight         = "in_flight"         // 409: the first is still running
+	outcomeMismatch         = "mismatch"          // 422: key reused for another request
+	outcomeInvalid          = "invalid"           // 400: key missing (required), malformed; unreadable body
+	outcomeTooLarge         = "too_large"         // 413: request body over MAX_BODY_BYTES
+	outcomeOverloaded       = "overloaded"        // 503: MAX_BUFFERED_BYTES reached, the request not let in or its replay refused
+	outcomeStoreError       = "store_error"       // 503 (fail closed), or the answer could not be recorded
+	outcomeFailOpen         = "fail_open"         // Redis unreachable, forwarded without guarantee
+	outcomeReleased         = "released"          // upstream 5xx or never reached: claim freed for a retry
+	outcomeUpstreamError    = "upstream_error"    // timeout or broken answer after sending: claim kept
+	outcomePassthrough      = "passthrough"       // method not covered, or route "off"
+	outcomeNoKey            = "no_key"            // covered, no key, key not required: forwarded as is
+	outcomeLost             = "lost"              // our claim expired and was taken over: the key executed twice
+	outcomeUnknown          = "unknown"           // the key's outcome is unknown (ON_UNKNOWN=hold): answered 502/504, not executed
+	outcomeSignatureInvalid = "signature_invalid" // 401: the sender's signature does not verify (verify=); nothing claimed
 
 	// Observe mode (MODE=observe, route observe): forwarded unchanged,
 	// counted as what enforcing would have answered.
@@ -60,6 +61,7 @@ type Metrics struct {
 	cacheHits        prometheus.Counter
 	unknownOutcomes  *prometheus.CounterVec
 	bufferFull       prometheus.Counter
+	bodyNotJSON      *prometheus.CounterVec
 	// bufferedBytes is the Handler's MAX_BUFFERED_BYTES count, read by the
 	// idemproxy_buffered_bytes gauge at each scrape (watchBuffered).
 	bufferedBytes atomic.Pointer[atomic.Int64]
@@ -152,6 +154,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "idemproxy_buffer_full_total",
 		Help: "Keyed requests answered 503 overloaded because MAX_BUFFERED_BYTES had no room for their body or their replay (nothing executed).",
 	})
+	m.bodyNotJSON = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idemproxy_key_body_not_json_total",
+		Help: "Requests on a route whose key=SOURCE reads the body (json:) whose body was not JSON, so that no key could be read (forwarded without guarantee, or 400 when required), by route.",
+	}, []string{"route"})
 	buffered := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "idemproxy_buffered_bytes",
 		Help: "Bytes of keyed request bodies, answers being recorded and replays held in memory now, counted against MAX_BUFFERED_BYTES.",
@@ -168,7 +174,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.requests.WithLabelValues("default", o, keySourceHeader)
 	}
 	reg.MustRegister(m.requests, m.responses, m.upstream, m.script, m.inflight, m.recordFailures, m.doubleExecutions, m.takeoverAge, m.cacheHits, m.unknownOutcomes,
-		m.bufferFull, buffered)
+		m.bufferFull, m.bodyNotJSON, buffered)
 	return m
 }
 

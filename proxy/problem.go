@@ -25,6 +25,7 @@ const (
 	typeUpgradeRefused      = "urn:idemproxy:problem:upgrade-refused"
 	typeOutcomeUnknown      = "urn:idemproxy:problem:outcome-unknown"
 	typeOverloaded          = "urn:idemproxy:problem:overloaded"
+	typeSignatureInvalid    = "urn:idemproxy:problem:signature-invalid"
 )
 
 type problem struct {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -36,7 +37,24 @@ type Policy struct {
 	// Observe (MODE=observe, observe): claim and record first requests, but
 	// change no answer; count what enforcing would have done.
 	Observe bool
+	// Verifier (verify=), when set, checks the sender's signature over the
+	// raw body before anything is claimed or forwarded.
+	Verifier Verifier
+	// ReleaseAuth: a 401 or 403 answer of the upstream is released, not
+	// recorded (the default where the key is derived: a stranger who
+	// guessed a message id must not have its refusal replayed to the
+	// genuine sender), unless the rule says record4xx=all.
+	ReleaseAuth bool
 }
+
+// Verifier checks a sender's signature (package signature implements it).
+type Verifier interface {
+	Verify(h http.Header, body []byte, now time.Time) error
+}
+
+// verifyPresets are the key presets whose senders sign their deliveries:
+// the ones verify= may be combined with.
+var verifyPresets = []string{"github", "stripe-events", "standard-webhooks", "shopify"}
 
 // Route is one parsed ROUTES rule. Nil option fields inherit the global
 // setting.
@@ -57,6 +75,13 @@ type Route struct {
 	Fingerprint *Fingerprint
 	Hold        *bool
 	Observe     *bool
+	// Verify names the variables that hold the sender's secrets (verify=);
+	// the caller reads them and sets Verifier.
+	Verify   []string
+	Verifier Verifier
+	// RecordAuth: record4xx=all (true) or record4xx=except-401-403 (false);
+	// nil: released where the key is derived, recorded otherwise.
+	RecordAuth *bool
 }
 
 // apply returns base with the rule's options on top. A rule names its
@@ -97,6 +122,11 @@ func (rt *Route) apply(base Policy) Policy {
 	if rt.Observe != nil {
 		p.Observe = *rt.Observe
 	}
+	p.Verifier = rt.Verifier
+	p.ReleaseAuth = p.Key != nil
+	if rt.RecordAuth != nil {
+		p.ReleaseAuth = !*rt.RecordAuth
+	}
 	return p
 }
 
@@ -110,7 +140,8 @@ var routeMethods = map[string]bool{
 // method, a chi route pattern and options (ttl=DUR lock=DUR wait=DUR
 // required off upgrade fail=open|closed on5xx=release|store key=SOURCE
 // scope=H1,H2 fingerprint=strict|json|none unknown=expire|hold observe
-// enforce). Errors quote the rule.
+// enforce verify=VAR[,VAR2] record4xx=all|except-401-403). Errors quote the
+// rule.
 func ParseRoutes(spec string) ([]Route, error) {
 	var routes []Route
 	seen := map[string]string{}
@@ -246,9 +277,37 @@ func parseRule(rule string) (Route, error) {
 				return Route{}, fmt.Errorf("option fingerprint=%w", err)
 			}
 			rt.Fingerprint = &fp
+		case "verify":
+			if val == "" {
+				return Route{}, fmt.Errorf("option verify needs the variables that hold the sender's secrets, e.g. verify=GITHUB_WEBHOOK_SECRET (two, comma-separated, while rotating)")
+			}
+			for n := range strings.SplitSeq(val, ",") {
+				if !validEnvName(n) {
+					return Route{}, fmt.Errorf("option verify=%s: %q is not an environment variable name (letters, digits and _, not starting with a digit)", val, n)
+				}
+				if slices.Contains(rt.Verify, n) {
+					return Route{}, fmt.Errorf("option verify=%s: %s is named twice", val, n)
+				}
+				rt.Verify = append(rt.Verify, n)
+			}
+		case "record4xx":
+			b, ok := map[string]bool{"all": true, "except-401-403": false}[val]
+			if !ok {
+				return Route{}, fmt.Errorf("option record4xx=%q: want record4xx=all or record4xx=except-401-403", val)
+			}
+			rt.RecordAuth = &b
 		default:
-			return Route{}, fmt.Errorf("unknown option %q (want ttl=, lock=, wait=, required, off, upgrade, fail=, on5xx=, key=, scope=, fingerprint=, unknown=, observe, enforce)", opt)
+			return Route{}, fmt.Errorf("unknown option %q (want ttl=, lock=, wait=, required, off, upgrade, fail=, on5xx=, record4xx=, key=, scope=, fingerprint=, verify=, unknown=, observe, enforce)", opt)
 		}
+	}
+	if rt.Verify != nil && (rt.Key == nil || !slices.Contains(verifyPresets, rt.Key.Text)) {
+		// Only these senders' signatures are known; a signature check the
+		// proxy cannot make must not look configured.
+		src := "the Idempotency-Key header"
+		if rt.Key != nil {
+			src = "key=" + rt.Key.Text
+		}
+		return Route{}, fmt.Errorf("option verify= checks the signature of a sender whose preset is the route's key (key=%s); this rule's key comes from %s", strings.Join(verifyPresets, ", key="), src)
 	}
 	// A tunnel carries requests past keys and every other option, so a
 	// route that allows one is not enforced at all: upgrade implies off.
@@ -259,6 +318,20 @@ func parseRule(rule string) (Route, error) {
 		return Route{}, fmt.Errorf("options off and upgrade cannot be combined with other options (a route that allows protocol upgrades is a plain pass-through)")
 	}
 	return rt, nil
+}
+
+// validEnvName reports whether s is a portable environment variable name.
+func validEnvName(s string) bool {
+	if s == "" || s[0] >= '0' && s[0] <= '9' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c != '_' && !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9') {
+			return false
+		}
+	}
+	return true
 }
 
 func btoi(b bool) int {

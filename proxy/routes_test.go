@@ -78,6 +78,16 @@ func TestParseRoutesErrors(t *testing.T) {
 		{"POST /x observe enforce", `observe and enforce cannot be combined`},
 		{"POST /x off observe", `cannot be combined`},
 		{"POST /x upgrade unknown=hold", `cannot be combined`},
+		{"POST /x key=github verify", `needs the variables`},
+		{"POST /x key=github verify=", `needs the variables`},
+		{"POST /x key=github verify=1SECRET", `not an environment variable name`},
+		{"POST /x key=github verify=A-B", `not an environment variable name`},
+		{"POST /x key=github verify=A,A", `A is named twice`},
+		{"POST /x verify=SECRET", `this rule's key comes from the Idempotency-Key header`},
+		{"POST /x key=sns verify=SECRET", `this rule's key comes from key=sns`},
+		{"POST /x key=header:X-GitHub-Delivery verify=SECRET", `this rule's key comes from key=header:X-GitHub-Delivery`},
+		{"POST /x key=github off verify=S", `cannot be combined`},
+		{"POST /x record4xx=none", `want record4xx=all or record4xx=except-401-403`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.spec, func(t *testing.T) {
@@ -147,6 +157,32 @@ func TestRouteApply(t *testing.T) {
 	want := Policy{Covered: true, TTL: time.Hour, LockTTL: 2 * time.Minute}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v, want %+v", got, want)
+	}
+}
+
+// TestRouteReleasesAuthWhereKeyIsDerived: where the key comes from the
+// message (key=), whoever sends a message id first holds it, so an
+// upstream's 401 or 403 is released by default; record4xx= says otherwise
+// either way. Header-key routes record them, as before.
+func TestRouteReleasesAuthWhereKeyIsDerived(t *testing.T) {
+	for spec, want := range map[string]bool{
+		"POST /x":                                     false,
+		"POST /x key=github":                          true,
+		"POST /x key=json:/id scope=":                 true,
+		"POST /x key=github record4xx=all":            false,
+		"POST /x record4xx=except-401-403":            true,
+		"POST /x key=github record4xx=except-401-403": true,
+	} {
+		routes, err := ParseRoutes(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := routes[0].apply(Policy{}).ReleaseAuth; got != want {
+			t.Errorf("%s: ReleaseAuth %v, want %v", spec, got, want)
+		}
+	}
+	if (Policy{}).ReleaseAuth {
+		t.Error("the global policy releases 401 and 403")
 	}
 }
 

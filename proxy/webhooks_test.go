@@ -197,6 +197,40 @@ func TestKeyFromBodyHonoursBodyLimit(t *testing.T) {
 	}
 }
 
+// TestKeyFromBodyNotJSONIsCountedAndWarnedOnce: a sender whose bodies are
+// never JSON to the proxy (a byte-order mark, gzip) gets no key on a json:
+// route, and every delivery runs without protection. That must not be
+// silent: each is counted by route, and the first on each route is logged
+// as a warning (once: the count tells the rest).
+func TestKeyFromBodyNotJSONIsCountedAndWarnedOnce(t *testing.T) {
+	routes, err := proxy.ParseRoutes("POST /hooks/stripe key=stripe-events scope=; POST /hooks/ce key=cloudevents scope=")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = routes })
+	bom := "\xef\xbb\xbf" + fmt.Sprintf(stripeEvent, 1)
+	for range 3 {
+		if r := e.do(req{path: "/hooks/stripe", body: bom}); r.StatusCode != http.StatusCreated {
+			t.Fatalf("BOM-prefixed event: %d, want forwarded", r.StatusCode)
+		}
+	}
+	e.do(req{path: "/hooks/stripe", body: "\x1f\x8b\x08 gzip"})
+	// A JSON body without the id is not counted: it is JSON.
+	e.do(req{path: "/hooks/stripe", body: `{"object":"event"}`})
+	// Binary-mode CloudEvents carry the key in headers: a non-JSON body
+	// does not matter there.
+	e.do(req{path: "/hooks/ce", body: "plain text", header: http.Header{"Ce-Source": {"/s"}, "Ce-Id": {"1"}}})
+	if got := counter(t, e.reg, "idemproxy_key_body_not_json_total", map[string]string{"route": "/hooks/stripe"}); got != 4 {
+		t.Errorf("idemproxy_key_body_not_json_total{route=/hooks/stripe} = %v, want 4", got)
+	}
+	if got := counter(t, e.reg, "idemproxy_key_body_not_json_total", map[string]string{"route": "/hooks/ce"}); got != 0 {
+		t.Errorf("idemproxy_key_body_not_json_total{route=/hooks/ce} = %v, want 0 (its key came from headers)", got)
+	}
+	if n := strings.Count(e.logs.String(), "a body that is not JSON arrived"); n != 1 {
+		t.Errorf("%d warnings about bodies that are not JSON, want 1 (once per route):\n%s", n, e.logs)
+	}
+}
+
 // TestFingerprintProfiles: json ignores member order, whitespace, number
 // spelling (per RFC 8785) and query order; falls back to bytes for bodies
 // that are not JSON; none ignores body and query; strict sees all.
@@ -271,7 +305,16 @@ func TestParseKeySourceErrors(t *testing.T) {
 			t.Errorf("ParseKeySource(%q) accepted", bad)
 		}
 	}
-	for _, good := range []string{"github", "standard-webhooks", "stripe-events", "shopify", "sns", "cloudevents", "header:A+query:b|json:/c/0"} {
+	// Alternatives of one length are refused unless a preset has them: the
+	// key holds the values, not which alternative gave them, so X-Order: 42
+	// and X-Customer: 42 would be one key.
+	for _, ambiguous := range []string{"header:X-Order|header:X-Customer", "header:ce-source+header:ce-id|json:/source+json:/id", "json:/a|header:B+header:C|query:d"} {
+		_, err := proxy.ParseKeySource(ambiguous)
+		if err == nil || !strings.Contains(err.Error(), "would share a key") {
+			t.Errorf("ParseKeySource(%q) = %v; want alternatives of one length refused", ambiguous, err)
+		}
+	}
+	for _, good := range []string{"github", "standard-webhooks", "stripe-events", "shopify", "sns", "cloudevents", "header:A+query:b|json:/c/0", "header:X-Order|header:X-Customer+header:X-Tenant"} {
 		if _, err := proxy.ParseKeySource(good); err != nil {
 			t.Errorf("ParseKeySource(%q): %v", good, err)
 		}

@@ -1,0 +1,5 @@
+//go:build race
+
+package jcs
+
+const raceEnabled = true
