@@ -60,8 +60,8 @@ fuzz: ## Fuzz key parsing, ROUTES, key sources, JSON pointers and record decodin
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRoutes$$' -fuzztime $(FUZZTIME) ./proxy
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./claim
 	$(GO) test -run '^$$' -fuzz '^FuzzParseKeySource$$' -fuzztime $(FUZZTIME) ./proxy
-	$(GO) test -run '^$$' -fuzz '^FuzzJSONPointer$$' -fuzztime $(FUZZTIME) ./proxy
-	$(GO) test -run '^$$' -fuzz '^FuzzParsePointer$$' -fuzztime $(FUZZTIME) ./proxy
+	$(GO) test -run '^$$' -fuzz '^FuzzJSONPointer$$' -fuzztime $(FUZZTIME) ./proxy/jsonpointer
+	$(GO) test -run '^$$' -fuzz '^FuzzParsePointer$$' -fuzztime $(FUZZTIME) ./proxy/jsonpointer
 
 .PHONY: lint
 lint: ## gofmt, go vet and go mod tidy must leave nothing to change

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/proxy/signature"
 )
 
 // Config is the whole configuration: one field per environment variable of
@@ -62,6 +63,7 @@ type Config struct {
 	OnUnknown              string        `env:"ON_UNKNOWN" envDefault:"expire"`
 	Mode                   string        `env:"MODE" envDefault:"enforce"`
 	DocsURL                string        `env:"DOCS_URL"`
+	SignatureTolerance     time.Duration `env:"SIGNATURE_TOLERANCE" envDefault:"5m"`
 	Routes                 string        `env:"ROUTES"`
 	LogLevel               string        `env:"LOG_LEVEL" envDefault:"info"`
 	LogFormat              string        `env:"LOG_FORMAT" envDefault:"json"`
@@ -543,7 +545,59 @@ func (c *Config) checkRoutes(k *checker) {
 			k.bad("ROUTES rule %q: %s must not be below %s: a completed answer would be forgotten before an in-flight claim of the same key expires", rt.Rule, ttlFrom, lockFrom)
 		}
 	}
+	c.checkVerify(k, routes)
 	c.routes = routes
+}
+
+// checkVerify reads the secrets each verify= rule names and builds its
+// Verifier, and checks SIGNATURE_TOLERANCE. No message quotes a secret.
+func (c *Config) checkVerify(k *checker, routes []proxy.Route) {
+	tolerance := "SIGNATURE_TOLERANCE=" + k.value("SIGNATURE_TOLERANCE", c.SignatureTolerance.String())
+	if !k.failed["SIGNATURE_TOLERANCE"] && c.SignatureTolerance <= 0 {
+		k.bad("%s must be above zero: how far a signed timestamp may be from now (Stripe, Standard Webhooks)", tolerance)
+		return
+	}
+	for i := range routes {
+		rt := &routes[i]
+		if rt.Verify == nil {
+			continue
+		}
+		var secrets []string
+		for _, name := range rt.Verify {
+			v, ok := k.raw[name]
+			switch {
+			case !ok:
+				k.bad("ROUTES rule %q: verify= names %s, which is not set: it must hold the sender's signing secret", rt.Rule, name)
+			case v == "":
+				k.bad("ROUTES rule %q: verify= names %s, which is empty: it must hold the sender's signing secret", rt.Rule, name)
+			case strings.TrimSpace(v) != v:
+				// A newline from `echo secret | kubectl create secret`
+				// makes every signature fail, silently for the sender.
+				k.bad("ROUTES rule %q: %s starts or ends with white space (a newline from echo?); the secret is used byte for byte", rt.Rule, name)
+			default:
+				secrets = append(secrets, v)
+			}
+		}
+		if len(secrets) != len(rt.Verify) {
+			continue
+		}
+		v, err := signature.New(rt.Key.Text, secrets, c.SignatureTolerance)
+		if err != nil {
+			k.bad("ROUTES rule %q: verify=%s: %v", rt.Rule, strings.Join(rt.Verify, ","), err)
+			continue
+		}
+		rt.Verifier = v
+		// A delivery captured in transit can be sent again for as long as
+		// its signed timestamp is within the tolerance: once its record is
+		// gone, it would execute again.
+		ttl, ttlFrom := c.TTL, "TTL="+k.value("TTL", c.TTL.String())
+		if rt.TTL != nil {
+			ttl, ttlFrom = *rt.TTL, "ttl="+rt.TTL.String()
+		}
+		if hasTimestamp := rt.Key.Text == "stripe-events" || rt.Key.Text == "standard-webhooks"; hasTimestamp && c.SignatureTolerance > ttl {
+			k.bad("ROUTES rule %q: %s must not be above %s: a captured delivery could be sent again after its record expired, within its signature's tolerance, and execute again", rt.Rule, tolerance, ttlFrom)
+		}
+	}
 }
 
 // collectWarnings notes settings that are allowed but worth saying at
@@ -729,23 +783,38 @@ func urlErrorReason(err error) error {
 	return err
 }
 
-// redactURL hides credentials in a URL before it reaches a message. A URL
+// redactURL hides credentials in a URL before it reaches a message: a
+// password in the user info, and the whole query, where legacy APIs and
+// some Redis clients take credentials (?api_key=, ?password=). A URL
 // holding "@" that does not parse cleanly into user info and host (a
-// password with "/", "?" or "#" makes Go read part of it as the path) is not
-// shown at all, only its scheme.
+// password with "/", "?" or "#" makes Go read part of it as the path) is
+// not shown at all, only its scheme.
 func redactURL(s string) string {
-	if !strings.Contains(s, "@") {
+	if !strings.ContainsAny(s, "@?#") {
 		return s
 	}
 	u, err := url.Parse(s)
-	if err == nil && u.User != nil && !strings.Contains(u.Host+u.Path+u.RawQuery+u.Fragment, "@") {
-		return u.Redacted()
+	if err == nil && !strings.Contains(u.Host+u.Path+u.RawQuery+u.Fragment, "@") {
+		return shownURL(u)
 	}
 	scheme, _, _ := strings.Cut(s, "://")
 	if len(scheme) > 10 || strings.ContainsAny(scheme, "@:/") {
 		scheme = "?"
 	}
 	return scheme + "://(credentials and address not shown)"
+}
+
+// shownURL is u as logs and messages show it: scheme, user name (password
+// masked), host, port and path; a query or fragment is replaced by a note
+// that it is not shown, since it may carry a credential.
+func shownURL(u *url.URL) string {
+	v := *u
+	v.RawQuery, v.ForceQuery, v.Fragment, v.RawFragment = "", false, "", ""
+	shown := v.Redacted()
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		shown += "?(query not shown)"
+	}
+	return shown
 }
 
 // policy is the global idempotency policy, before ROUTES overrides.

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"reflect"
 	"regexp"
@@ -481,5 +483,85 @@ func TestConfigErrorsQuoteDefaultsAsWritten(t *testing.T) {
 	_, err = loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9000", "REDIS_URL=redis://:s3cret@127.0.0.1:1/x"})
 	if err == nil || !strings.Contains(err.Error(), "invalid database number") || strings.Contains(err.Error(), "s3cret") {
 		t.Errorf("error %v: want the reason (database number), never the password", err)
+	}
+}
+
+// TestSignatureVerificationConfig: verify= names variables that must hold
+// the senders' secrets at start (a route that looks verified but is not
+// would be the worst outcome); SIGNATURE_TOLERANCE must be positive and
+// not above the TTL of a route whose sender signs a timestamp (a captured
+// delivery could be sent again after its record expired). No message ever
+// quotes a secret.
+func TestSignatureVerificationConfig(t *testing.T) {
+	const up = "UPSTREAM_URL=http://127.0.0.1:9000"
+	const secret = "Zq7xWebhookS3cret"
+	for _, tt := range []struct {
+		name string
+		env  []string
+		want []string // "" : accepted
+	}{
+		{"github", []string{up, "ROUTES=POST /gh key=github verify=GH_SECRET", "GH_SECRET=" + secret}, nil},
+		{"rotation", []string{up, "ROUTES=POST /s key=stripe-events verify=OLD,NEW", "OLD=" + secret, "NEW=" + secret + "2"}, nil},
+		{"unset", []string{up, "ROUTES=POST /gh key=github verify=GH_SECRET"}, []string{`ROUTES rule "POST /gh key=github verify=GH_SECRET"`, "GH_SECRET, which is not set"}},
+		{"empty", []string{up, "ROUTES=POST /gh key=github verify=GH_SECRET", "GH_SECRET="}, []string{"GH_SECRET, which is empty"}},
+		{"one of two unset", []string{up, "ROUTES=POST /gh key=github verify=A,B", "A=" + secret}, []string{"B, which is not set"}},
+		{"trailing newline", []string{up, "ROUTES=POST /gh key=github verify=GH_SECRET", "GH_SECRET=" + secret + "\n"}, []string{"GH_SECRET starts or ends with white space"}},
+		{"standard webhooks secret not base64", []string{up, "ROUTES=POST /sw key=standard-webhooks verify=SW", "SW=whsec_" + secret + "!!"}, []string{"secret 1 of 1 is not whsec_ followed by base64"}},
+		{"verify on a header key", []string{up, "ROUTES=POST /x verify=S", "S=" + secret}, []string{"this rule's key comes from the Idempotency-Key header"}},
+		{"tolerance zero", []string{up, "SIGNATURE_TOLERANCE=0s"}, []string{`SIGNATURE_TOLERANCE=0s must be above zero`}},
+		{"tolerance not a duration", []string{up, "SIGNATURE_TOLERANCE=5"}, []string{`SIGNATURE_TOLERANCE="5": not a duration`}},
+		{"tolerance above a stamped route's ttl", []string{up, "SIGNATURE_TOLERANCE=2h", "ROUTES=POST /s key=stripe-events verify=S ttl=1h", "S=" + secret},
+			[]string{"SIGNATURE_TOLERANCE=2h must not be above ttl=1h0m0s"}},
+		{"tolerance above TTL", []string{up, "SIGNATURE_TOLERANCE=2h", "TTL=1h", "ROUTES=POST /s key=standard-webhooks verify=S", "S=whsec_" + "c2VjcmV0"},
+			[]string{"SIGNATURE_TOLERANCE=2h must not be above TTL=1h"}},
+		{"tolerance above TTL, sender signs no timestamp", []string{up, "SIGNATURE_TOLERANCE=2h", "TTL=1h", "ROUTES=POST /gh key=github verify=S", "S=" + secret}, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := loadConfig(tt.env)
+			if tt.want == nil {
+				if err != nil {
+					t.Fatalf("loadConfig: %v", err)
+				}
+				for _, rt := range cfg.routes {
+					if rt.Verifier == nil {
+						t.Errorf("rule %q: no Verifier built", rt.Rule)
+					}
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("accepted; want an error with %q", tt.want)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("the error quotes a secret: %v", err)
+			}
+		})
+	}
+}
+
+// TestRedisURLQueryPasswordNeverShown: a credential in REDIS_URL's query
+// (?password=..., a form other Redis clients accept and go-redis refuses)
+// is never shown, at start or by idemproxy keys: messages show the URL
+// without its query. go-redis's refusal used to be quoted with the whole
+// URL, into stderr, pod events and CI logs.
+func TestRedisURLQueryPasswordNeverShown(t *testing.T) {
+	for _, url := range []string{
+		"redis://127.0.0.1:6379/0?password=Zq7xRedisS3cret",
+		"rediss://cache.internal:6380/0?user=app&password=Zq7xRedisS3cret",
+	} {
+		_, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9000", "REDIS_URL=" + url})
+		if err != nil && strings.Contains(err.Error(), "Zq7xRedisS3cret") {
+			t.Errorf("REDIS_URL's password is printed in clear: %v", err)
+		}
+		var stdout, stderr bytes.Buffer
+		err = runKeys(context.Background(), []string{"list", "--timeout=2s"}, []string{"REDIS_URL=" + url}, &stdout, &stderr)
+		if out := stdout.String() + stderr.String() + errString(err); strings.Contains(out, "Zq7xRedisS3cret") {
+			t.Errorf("keys list: REDIS_URL's password is printed in clear: %s", firstLine(out))
+		}
 	}
 }

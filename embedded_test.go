@@ -61,7 +61,7 @@ func TestEmbeddedRedisRequiresPassword(t *testing.T) {
 func TestEmbeddedRedisPasswordPerStart(t *testing.T) {
 	var pw []string
 	for range 2 {
-		st, err := openRedis(&Config{RedisMode: "standalone"}, zerolog.Nop())
+		st, err := openRedis(&Config{RedisMode: "standalone"}, zerolog.Nop(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -44,7 +44,7 @@ func TestRunUsageErrors(t *testing.T) {
 	}{
 		{[]string{"--bogus"}, "flag provided but not defined: -bogus"},
 		{[]string{"keys"}, "keys: a command is needed"},
-		{[]string{"keys", "drop"}, `keys: unknown command "drop"`},
+		{[]string{"keys", "drop"}, "keys: unknown command (an argument of 4 characters, not shown"},
 		{[]string{"serve"}, `unknown command "serve"`},
 	} {
 		var stdout, stderr bytes.Buffer

@@ -199,3 +199,15 @@ func waitStatus(t *testing.T, c *http.Client, url string, want int, timeout time
 	})
 	return body
 }
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}

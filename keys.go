@@ -13,8 +13,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -71,13 +73,14 @@ absent (""). A PART starting with "-" goes after "--".
 
 Flags:
 `,
-	"get": `Usage: idemproxy keys get KEY_HASH [--body]
+	"get": `Usage: idemproxy keys get KEY_HASH [--body] [--show-secrets]
 
 Prints the record of KEY_HASH as one JSON object: key_hash, state
 (in_flight, completed, unknown), status, fingerprint (hex), claimed_at,
 completed_at, lock_expires_at, ttl_ms, body_bytes, body_stored, headers.
-Never the key, the scope values or the claim token. With --body, writes the
-recorded body only, byte for byte. No record: exit status 1.
+Never the key, the scope values or the claim token; recorded Set-Cookie
+values only with --show-secrets. With --body, writes the recorded body only,
+byte for byte. No record: exit status 1.
 
 Flags:
 `,
@@ -135,7 +138,9 @@ func runKeys(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	}
 	usage, ok := keysCommandUsage[cmd]
 	if !ok {
-		return keysBadUsage(stderr, keysUsage, fmt.Errorf("keys: unknown command %q", cmd))
+		// Not echoed: a key pasted in the wrong place must not reach the
+		// terminal, its scroll-back or a CI log.
+		return keysBadUsage(stderr, keysUsage, fmt.Errorf("keys: unknown command (an argument of %d characters, not shown; want hash, get, list, purge or forget)", len(cmd)))
 	}
 	kc := &keysCmd{name: cmd, stdout: stdout, stderr: stderr, fs: flag.NewFlagSet("keys "+cmd, flag.ContinueOnError)}
 	kc.fs.SetOutput(io.Discard)
@@ -204,9 +209,16 @@ func keysBadUsage(stderr io.Writer, usage string, err error) error {
 // parseInterleaved parses flags that may come before, between or after the
 // positional arguments (keys get HASH --body), and returns the positional
 // ones. Everything after "--" is positional.
+//
+// An argument that starts with "-" and names no flag is refused without
+// being shown: the flag package's own error quotes it, and it is likely a
+// key (a base64url key starts with "-" once in 64) that belongs after "--".
 func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
+		if err := undefinedFlag(fs, args); err != nil {
+			return nil, err
+		}
 		if err := fs.Parse(args); err != nil {
 			return nil, err
 		}
@@ -219,6 +231,32 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 		}
 		pos, args = append(pos, rest[0]), rest[1:]
 	}
+}
+
+// undefinedFlag finds the first argument fs.Parse would take for a flag it
+// does not define, up to the first positional argument or "--".
+func undefinedFlag(fs *flag.FlagSet, args []string) error {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" || len(a) < 2 || a[0] != '-' {
+			return nil
+		}
+		name, _, hasValue := strings.Cut(strings.TrimPrefix(a[1:], "-"), "=")
+		f := fs.Lookup(name)
+		switch {
+		case f == nil && (name == "h" || name == "help"):
+		case f == nil:
+			return fmt.Errorf("an argument of %d characters (not shown: it may be a key) starts with - but is none of the flags below; a PART or KEY_HASH that starts with - goes after --", len(a))
+		case !hasValue && !isBoolFlag(f):
+			i++ // its value, whatever it looks like
+		}
+	}
+	return nil
+}
+
+func isBoolFlag(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
 }
 
 // config loads the proxy's configuration without UPSTREAM_URL, which no
@@ -248,7 +286,7 @@ func (kc *keysCmd) inspector() (*claim.Inspector, func(), error) {
 	}
 	// go-redis's own complaints (a pool that cannot dial) would repeat the
 	// error this command reports; only worse ones get through.
-	st, err := openRedisBounded(cfg, zerolog.New(kc.stderr).Level(zerolog.ErrorLevel), kc.timeout)
+	st, err := openRedisBounded(cfg, zerolog.New(kc.stderr).Level(zerolog.ErrorLevel), kc.timeout, nil)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -454,6 +492,41 @@ func newKeyJSON(k claim.Key, e *claim.Entry) keyJSON {
 	return j
 }
 
+// secretHeaders are recorded answer headers whose values are credentials
+// of the caller (a session cookie): keys get shows their size, not their
+// value, unless --show-secrets asks for it.
+var secretHeaders = []string{"Set-Cookie", "Set-Cookie2"}
+
+// maskSecrets replaces the values of secretHeaders in j's headers and
+// trailers (copies: the record is not changed).
+func (j *keyJSON) maskSecrets() {
+	mask := func(h map[string][]string) map[string][]string {
+		var out map[string][]string
+		for name, vv := range h {
+			if !slices.ContainsFunc(secretHeaders, func(s string) bool { return strings.EqualFold(s, name) }) {
+				continue
+			}
+			if out == nil {
+				out = maps.Clone(h)
+			}
+			masked := make([]string, len(vv))
+			for i, v := range vv {
+				masked[i] = fmt.Sprintf("(%d bytes, not shown; --show-secrets shows it)", len(v))
+			}
+			out[name] = masked
+		}
+		if out == nil {
+			return h
+		}
+		return out
+	}
+	if j.Headers != nil {
+		h := mask(*j.Headers)
+		j.Headers = &h
+	}
+	j.Trailers = mask(j.Trailers)
+}
+
 func jsonTime(t time.Time) string {
 	if t.IsZero() {
 		return ""
@@ -503,6 +576,7 @@ func escapeControls(b []byte) []byte {
 
 func (kc *keysCmd) getFlags() func(context.Context, []string) error {
 	body := kc.fs.Bool("body", false, "write the recorded body only, byte for byte")
+	showSecrets := kc.fs.Bool("show-secrets", false, "show the values of recorded Set-Cookie headers (masked otherwise: they are the caller's credentials)")
 	return func(ctx context.Context, pos []string) error {
 		k, in, closeRedis, err := kc.openKey(pos)
 		if err != nil {
@@ -519,7 +593,11 @@ func (kc *keysCmd) getFlags() func(context.Context, []string) error {
 			return kc.redisFailed(err)
 		}
 		if !*body {
-			return writeJSON(kc.stdout, newKeyJSON(k, e))
+			j := newKeyJSON(k, e)
+			if !*showSecrets {
+				j.maskSecrets()
+			}
+			return writeJSON(kc.stdout, j)
 		}
 		switch {
 		case e.Record == nil:
@@ -561,6 +639,7 @@ func (kc *keysCmd) listFlags() func(context.Context, []string) error {
 				return true
 			}
 			j := newKeyJSON(k, e)
+			j.maskSecrets() // get --show-secrets shows them, one key at a time
 			if derr != nil {
 				j.Error = derr.Error()
 			}

@@ -71,11 +71,11 @@ func TestKeysUsageAndFailures(t *testing.T) {
 		{"get help", nil, []string{"get", "--help"}, 0, "Usage: idemproxy keys get KEY_HASH [--body]", ""},
 		{"list help", nil, []string{"list", "-h"}, 0, "-limit int", ""},
 		{"no command", nil, nil, 2, "", "keys: a command is needed"},
-		{"unknown command", nil, []string{"show"}, 2, "", `unknown command "show"`},
+		{"unknown command", nil, []string{"show"}, 2, "", "unknown command (an argument of 4 characters, not shown"},
 		{"short hash", env, []string{"get", hash[:16]}, 2, "", "want the 64 hex digits of key_hash"},
 		{"not hex", env, []string{"purge", "z" + hash[1:]}, 2, "", "not hexadecimal"},
 		{"two hashes", env, []string{"get", hash, hash}, 2, "", "want one KEY_HASH, got 2"},
-		{"unknown flag", env, []string{"get", hash, "--json"}, 2, "", "flag provided but not defined: -json"},
+		{"unknown flag", env, []string{"get", hash, "--json"}, 2, "", "an argument of 6 characters (not shown: it may be a key) starts with -"},
 		{"limit 0", env, []string{"list", "--limit", "0"}, 2, "", "--limit=0: want 1 to 100000"},
 		{"limit too high", env, []string{"list", "--limit=100001"}, 2, "", "want 1 to 100000"},
 		{"bad state", env, []string{"list", "--state", "done"}, 2, "", `--state="done": want in_flight, completed or unknown`},
@@ -341,6 +341,40 @@ func TestKeysGetListPurge(t *testing.T) {
 	}
 }
 
+// TestKeysGetMasksSetCookie: a recorded Set-Cookie is the caller's session,
+// and keys get goes to an operator's terminal, a ticket or a CI log: its
+// values are shown by size only, unless --show-secrets asks for them.
+func TestKeysGetMasksSetCookie(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	env := []string{"REDIS_URL=" + srv.URL()}
+	s := claim.NewStore(srv.Client(), "idem:", nil)
+	k := claim.NewKey([]string{""}, "cookie")
+	lease, _, err := s.Acquire(ctx, k, claim.Fingerprint{}, claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const session = "session=Zq7xCookieS3cret; HttpOnly"
+	rec := &claim.Record{Status: 200, Body: []byte("ok"),
+		Header:  map[string][]string{"Set-Cookie": {session, "theme=dark"}, "Content-Type": {"text/plain"}},
+		Trailer: map[string][]string{"Set-Cookie": {session}}}
+	if err := lease.Complete(ctx, rec, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	out := keysOK(t, env, "get", k.String())
+	if strings.Contains(out, "Zq7xCookieS3cret") || strings.Contains(out, "theme=dark") {
+		t.Errorf("keys get prints recorded Set-Cookie values:\n%s", out)
+	}
+	if !strings.Contains(out, `"Set-Cookie":["(34 bytes, not shown; --show-secrets shows it)","(10 bytes, not shown; --show-secrets shows it)"]`) ||
+		!strings.Contains(out, `"Content-Type":["text/plain"]`) {
+		t.Errorf("keys get: want Set-Cookie masked by size and other headers as recorded:\n%s", out)
+	}
+	out = keysOK(t, env, "get", k.String(), "--show-secrets")
+	if strings.Count(out, "Zq7xCookieS3cret") != 2 || !strings.Contains(out, "theme=dark") {
+		t.Errorf("keys get --show-secrets: want the recorded values, headers and trailers:\n%s", out)
+	}
+}
+
 // TestKeysPurgeThenRetry: a purged key executes again, once, and then
 // replays that new answer.
 func TestKeysPurgeThenRetry(t *testing.T) {
@@ -500,5 +534,29 @@ func TestKeysSentinel(t *testing.T) {
 	}
 	if a := p.send(k); !fleetExecuted(a) || up.KeyCalls(k) != 2 {
 		t.Errorf("after purge: status %d replayed=%v calls %d; want executed again", a.status, a.replayed, up.KeyCalls(k))
+	}
+}
+
+// TestKeysNeverPrintAKeyArgument: an argument of keys hash that starts
+// with "-" (a base64url key does, one time in 64) is no flag, and the error
+// says so without quoting it; so does an unknown command. The flag
+// package's own message ("flag provided but not defined: -<key>") used to
+// write the key in clear to the operator's terminal, scroll-back or CI log.
+func TestKeysNeverPrintAKeyArgument(t *testing.T) {
+	for _, args := range [][]string{
+		{"hash", "-Zq7xS3cr3tIdempotencyKey"},
+		{"hash", "--source", "header:X-Event-Id", "-Zq7xS3cr3tIdempotencyKey"},
+		{"hash", "--scope", "Authorization=Bearer t", "-Zq7xS3cr3tIdempotencyKey"},
+	} {
+		var stdout, stderr bytes.Buffer
+		err := runKeys(context.Background(), args, []string{"KEY_PREFIX=idem:"}, &stdout, &stderr)
+		if out := stdout.String() + stderr.String(); strings.Contains(out, "Zq7xS3cr3tIdempotencyKey") {
+			t.Errorf("keys %s: the key is printed in clear (err %v):\n%s", strings.Join(args, " "), err, firstLine(out))
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	_ = runKeys(context.Background(), []string{"-Zq7xS3cr3tIdempotencyKey"}, nil, &stdout, &stderr)
+	if strings.Contains(stdout.String()+stderr.String(), "Zq7xS3cr3t") {
+		t.Errorf("keys <key>: the argument is printed in clear: %s", firstLine(stderr.String()))
 	}
 }

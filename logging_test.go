@@ -55,7 +55,7 @@ func TestRedisLibraryLogsAsJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &testutil.SyncBuffer{}
-	st, err := openRedis(cfg, newLogger(cfg, logs))
+	st, err := openRedis(cfg, newLogger(cfg, logs), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,5 +78,25 @@ func TestRedisLibraryLogsAsJSON(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("no go-redis line naming %s in the log:\n%s", addr, logs)
+	}
+}
+
+// TestUpstreamURLQueryNotLogged: UPSTREAM_URL's query, where legacy APIs
+// take credentials (?api_key=...), is never logged: the start line and the
+// probe's warning show scheme, host, port and path. url.URL.Redacted, used
+// before, hides only a password in the user info.
+func TestUpstreamURLQueryNotLogged(t *testing.T) {
+	up := newUpstream(t)
+	closed := "http://127.0.0.1:" + strconv.Itoa(redistest.FreePort(t)) // nothing listens: the probe warns
+	for _, base := range []string{up.URL, closed} {
+		_, logs := startEnv(t, "UPSTREAM_URL="+base+"/api?api_key=Zq7xUpstreamS3cret",
+			"LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=")
+		s := logs.String() // start logs synchronously, before it returns
+		if strings.Contains(s, "Zq7xUpstreamS3cret") {
+			t.Errorf("UPSTREAM_URL's query credential is in the log:\n%s", grepLines(s, "Zq7xUpstreamS3cret"))
+		}
+		if want := `"upstream":"` + base + `/api?(query not shown)"`; !strings.Contains(s, want) {
+			t.Errorf("the log does not show UPSTREAM_URL as %s:\n%s", want, s)
+		}
 	}
 }

@@ -131,7 +131,8 @@ type app struct {
 // start opens Redis, binds the listeners and serves. Listeners are bound
 // before it returns, so a bad address is an error here, not in a goroutine.
 func start(cfg *Config, logger zerolog.Logger) (*app, error) {
-	st, err := openRedis(cfg, logger)
+	guard := &breakers{logger: logger}
+	st, err := openRedis(cfg, logger, guard)
 	if err != nil {
 		return nil, err
 	}
@@ -150,6 +151,9 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 		Help: "1 when the last readiness check (at start, then /readyz, at most once a second) found Redis answering; 0 when not, and before the first check.",
 	})
 	reg.MustRegister(buildInfo, unsafe, ready)
+	if st.embedded == nil {
+		guard.register(reg)
+	}
 	metrics := proxy.NewMetrics(reg)
 
 	tr, err := newTracing(cfg.tracing, logger)
@@ -248,7 +252,7 @@ func start(cfg *Config, logger zerolog.Logger) (*app, error) {
 		logger.Error().Err(err).Msg("Redis unreachable at start; requests with a key get 503 (FAIL_MODE=closed) until it answers")
 	}
 	probeUpstream(context.Background(), cfg.upstream, logger)
-	ev := logger.Info().Str("listen", a.proxyAddr.String()).Str("upstream", cfg.upstream.Redacted()).
+	ev := logger.Info().Str("listen", a.proxyAddr.String()).Str("upstream", shownURL(cfg.upstream)).
 		Str("redis_mode", cfg.RedisMode).Str("record_format", cfg.RecordFormat).Str("version", version)
 	if a.adminAddr != nil {
 		ev = ev.Str("admin", a.adminAddr.String())

@@ -30,7 +30,7 @@ func probeUpstream(ctx context.Context, u *url.URL, logger zerolog.Logger) bool 
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(u.Hostname(), port))
 	if err != nil {
-		logger.Warn().Err(err).Str("upstream", u.Redacted()).
+		logger.Warn().Err(err).Str("upstream", shownURL(u)).
 			Msg("nothing answers at UPSTREAM_URL: requests will get 502 until it does. Is the upstream running? (make run starts its demo upstream only when UPSTREAM_URL is unset)")
 		return false
 	}

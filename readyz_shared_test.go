@@ -39,7 +39,7 @@ func frozenReadiness(t *testing.T) (*readiness, http.Handler, *itestutil.SyncBuf
 		t.Fatal(err)
 	}
 	logs := &itestutil.SyncBuffer{}
-	st, err := openRedis(cfg, zerolog.Nop())
+	st, err := openRedis(cfg, zerolog.Nop(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
@@ -55,8 +57,8 @@ type store struct {
 // openRedis connects to the configured Redis, or starts the embedded one.
 // It does not wait for Redis to answer: an unreachable Redis is reported by
 // /readyz and handled per FAIL_MODE, not by refusing to start.
-func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
-	return openRedisBounded(cfg, logger, 0)
+func openRedis(cfg *Config, logger zerolog.Logger, guard *breakers) (*store, error) {
+	return openRedisBounded(cfg, logger, 0, guard)
 }
 
 // openRedisBounded is openRedis for a command that must end within limit
@@ -65,7 +67,9 @@ func openRedis(cfg *Config, logger zerolog.Logger) (*store, error) {
 // read or write waits longer than limit, the handshake's included (it
 // does not always get the caller's context). limit <= 0: the proxy's own
 // settings.
-func openRedisBounded(cfg *Config, logger zerolog.Logger, limit time.Duration) (*store, error) {
+//
+// guard, when set, puts a Breaker on every server (see breakers).
+func openRedisBounded(cfg *Config, logger zerolog.Logger, limit time.Duration, guard *breakers) (*store, error) {
 	redis.SetLogger(redisLogger{logger}) // go-redis's own lines as JSON, not plain text on stderr
 	readTimeout := cfg.waitReadTimeout()
 	bound := func(ctxTimeout *bool, timeouts ...*time.Duration) {
@@ -100,17 +104,31 @@ func openRedisBounded(cfg *Config, logger zerolog.Logger, limit time.Duration) (
 		u.TLSConfig = redisTLS(cfg)
 		if cfg.RedisMode == "sentinel" {
 			c := redis.NewFailoverClient(u.Failover())
+			if guard != nil {
+				// FailoverOptions has no Limiter: it is set on the client's
+				// own options before the client is used.
+				p := u.Failover()
+				p.PoolSize, p.MaxRetries = 1, -1
+				p.DialTimeout, p.ReadTimeout, p.WriteTimeout = breakerProbeTimeout, breakerProbeTimeout, breakerProbeTimeout
+				guard.guard(c.Options(), "master "+cfg.RedisMasterName, redis.NewFailoverClient(p))
+			}
 			explain := func(ctx context.Context, err error) error { return explainSentinel(ctx, cfg, err) }
-			return &store{client: c, close: func() { _ = c.Close() }, explain: explain}, nil
+			return &store{client: c, close: closeAll(guard, c), explain: explain}, nil
 		}
 		co := u.Cluster()
+		if guard != nil {
+			co.NewClient = func(opt *redis.Options) *redis.Client {
+				guard.guard(opt, opt.Addr, redis.NewClient(probeOptions(*opt)))
+				return redis.NewClient(opt)
+			}
+		}
 		// go-redis re-reads the slot map on MOVED/ASK, or when it is older
 		// than this (default 60s). A dead master sends no MOVED, so with the
 		// default a shard stays unreachable for a minute after the cluster
 		// has failed over in two seconds.
 		co.ClusterStateReloadInterval = time.Second
 		c := redis.NewClusterClient(co)
-		return &store{client: c, close: func() { _ = c.Close() }}, nil
+		return &store{client: c, close: closeAll(guard, c)}, nil
 	case cfg.RedisURL != "":
 		opt, err := redis.ParseURL(cfg.RedisURL)
 		if err != nil {
@@ -129,11 +147,24 @@ func openRedisBounded(cfg *Config, logger zerolog.Logger, limit time.Duration) (
 			opt.ReadTimeout = readTimeout
 		}
 		bound(&opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout)
+		if guard != nil {
+			guard.guard(opt, opt.Addr, redis.NewClient(probeOptions(*opt)))
+		}
 		c := redis.NewClient(opt)
-		return &store{client: c, close: func() { _ = c.Close() }}, nil
+		return &store{client: c, close: closeAll(guard, c)}, nil
 	}
 	logger.Debug().Msg("REDIS_URL is empty: starting the embedded Redis")
 	return startEmbedded()
+}
+
+// closeAll closes the Breakers' probes (guard may be nil), then c.
+func closeAll(guard *breakers, c redis.UniversalClient) func() {
+	return func() {
+		if guard != nil {
+			guard.close()
+		}
+		_ = c.Close()
+	}
 }
 
 // startEmbedded runs miniredis on a loopback port. miniredis never expires
@@ -211,6 +242,72 @@ func (s *store) scripter(cfg *Config) (redis.Scripter, error) {
 		return nil, fmt.Errorf("REDIS_AUTOPIPELINE: %w", err)
 	}
 	return ap, nil
+}
+
+// How a Breaker probes a Redis it found unreachable: requests go back to
+// Redis at most this long after it answers again.
+const (
+	breakerProbeEvery   = 500 * time.Millisecond
+	breakerProbeTimeout = time.Second
+)
+
+// breakers puts a claim.Breaker on every Redis server the proxy talks to
+// (the standalone server or the Sentinel master; each Cluster node on its
+// own), so that once one is found unreachable keyed requests fail at once
+// (503, or a forward with FAIL_MODE=open) instead of each waiting out a dial
+// or read timeout, until it answers a probe. Each probe goes through a
+// client of its own, without a Breaker. The embedded Redis runs in this
+// process and needs none; idemproxy keys runs without them.
+type breakers struct {
+	logger zerolog.Logger
+	down   atomic.Int64 // servers being failed fast: idemproxy_redis_unreachable
+	mu     sync.Mutex
+	closes []func()
+}
+
+// guard makes opt's client guarded by a new Breaker; probe is the client
+// the Breaker asks whether the server answers.
+func (bs *breakers) guard(opt *redis.Options, name string, probe redis.UniversalClient) {
+	b := claim.NewBreaker(func(ctx context.Context) error { return probe.Ping(ctx).Err() }, breakerProbeEvery, breakerProbeTimeout,
+		func(open bool, cause error) {
+			if open {
+				bs.down.Add(1)
+				bs.logger.Warn().Err(cause).Str("redis", name).
+					Msg("Redis unreachable: keyed requests get 503 (or are forwarded, FAIL_MODE=open) at once, without asking it, until it answers a probe (every 500ms)")
+				return
+			}
+			bs.down.Add(-1)
+			bs.logger.Info().Str("redis", name).Msg("Redis answers again: keyed requests are claimed again")
+		})
+	opt.Limiter = b
+	bs.mu.Lock()
+	bs.closes = append(bs.closes, func() { b.Close(); _ = probe.Close() })
+	bs.mu.Unlock()
+}
+
+// probeOptions are the options of a Breaker's probe client: one
+// connection, no retry, every wait bounded by the probe's timeout.
+func probeOptions(opt redis.Options) *redis.Options {
+	opt.Limiter, opt.PoolSize, opt.MinIdleConns, opt.MaxRetries, opt.DialerRetries = nil, 1, 0, -1, 1
+	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = breakerProbeTimeout, breakerProbeTimeout, breakerProbeTimeout
+	return &opt
+}
+
+// register exports idemproxy_redis_unreachable.
+func (bs *breakers) register(reg prometheus.Registerer) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "idemproxy_redis_unreachable",
+		Help: "Redis servers (with Cluster, nodes) this replica found unreachable and fails keyed requests against at once, until one answers a probe (every 500ms).",
+	}, func() float64 { return float64(bs.down.Load()) }))
+}
+
+func (bs *breakers) close() {
+	bs.mu.Lock()
+	closes := bs.closes
+	bs.mu.Unlock()
+	for _, c := range closes {
+		c()
+	}
 }
 
 // ping checks that Redis answers. With Cluster every master must answer:

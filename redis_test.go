@@ -1,14 +1,19 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
+
+	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testutil"
 )
 
 // TestScripterChoice: automatic pipelining only where it is safe: not
@@ -71,5 +76,71 @@ func TestReadyzListsConfigWarnings(t *testing.T) {
 		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
 			t.Errorf("/readyz %d %q lacks %q", resp.StatusCode, body, want)
 		}
+	}
+}
+
+// TestStoreOutageFailsFast: with Redis stalled (a partition: connections
+// stay open, nothing answers), the first keyed requests wait one Redis read
+// timeout and are then answered per FAIL_MODE (forwarded with open, 503
+// with closed); from then on keyed requests are answered at once, without
+// asking Redis, until it answers a probe, and then claimed again. Before,
+// each request waited out its own read timeouts behind the autopipeliner's
+// one batch stream: 15 to 40 seconds for a forward or a 503.
+func TestStoreOutageFailsFast(t *testing.T) {
+	for _, mode := range []string{"open", "closed"} {
+		t.Run(mode, func(t *testing.T) {
+			srv := redistest.Start(t)
+			up := newUpstream(t)
+			a, logs := startEnv(t, "UPSTREAM_URL="+up.URL, "REDIS_URL="+srv.URL()+"?read_timeout=300ms",
+				"LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0", "FAIL_MODE="+mode)
+			c := newClient(t)
+			url := "http://" + a.proxyAddr.String() + "/v1/orders"
+			want := http.StatusCreated
+			if mode == "closed" {
+				want = http.StatusServiceUnavailable
+			}
+			mustPost(t, c, url, "before", "{}")
+
+			srv.Pause()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for i := range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if r := post(c, url, fmt.Sprint("first-", i), "{}"); r.status != want {
+						t.Errorf("first requests of the outage: %d, want %d", r.status, want)
+					}
+				}()
+			}
+			wg.Wait()
+			if took := time.Since(start); took > 2*time.Second {
+				t.Errorf("the first requests of the outage took %v, want about the read timeout (300ms)", took)
+			}
+			for i := range 5 {
+				start := time.Now()
+				if r := post(c, url, fmt.Sprint("later-", i), "{}"); r.status != want {
+					t.Errorf("request during the outage: %d, want %d", r.status, want)
+				}
+				if took := time.Since(start); took > 100*time.Millisecond {
+					t.Errorf("request %d during the outage took %v, want at once", i, took)
+				}
+			}
+			if got := metric(t, c, a, "idemproxy_redis_unreachable"); got != 1 {
+				t.Errorf("idemproxy_redis_unreachable = %v during the outage, want 1", got)
+			}
+
+			srv.Resume()
+			testutil.Eventually(t, 5*time.Second, "keyed requests are claimed again", func() bool {
+				return post(c, url, "after", "{}").status == http.StatusCreated &&
+					post(c, url, "after", "{}").header.Get("Idempotent-Replayed") == "true"
+			})
+			if got := metric(t, c, a, "idemproxy_redis_unreachable"); got != 0 {
+				t.Errorf("idemproxy_redis_unreachable = %v after the outage, want 0", got)
+			}
+			if !strings.Contains(logs.String(), "Redis unreachable: keyed requests get 503") || !strings.Contains(logs.String(), "Redis answers again") {
+				t.Errorf("the outage's start and end are not logged:\n%s", logs)
+			}
+		})
 	}
 }

@@ -27,7 +27,7 @@ func TestWaitTimeoutAboveReadTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := openRedis(cfg, zerolog.Nop())
+	st, err := openRedis(cfg, zerolog.Nop(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestWaitReadTimeoutOptions(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		st, err := openRedis(cfg, zerolog.Nop())
+		st, err := openRedis(cfg, zerolog.Nop(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

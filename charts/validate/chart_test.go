@@ -24,7 +24,7 @@ var contractVars = []string{
 	"UPSTREAM_URL", "LISTEN_ADDR", "ADMIN_ADDR", "REDIS_MODE", "REDIS_ADDRS", "REDIS_MASTER_NAME",
 	"REDIS_TLS", "REDIS_WAIT_REPLICAS", "REDIS_WAIT_TIMEOUT", "REDIS_AUTOPIPELINE", "REPLAY_CACHE_BYTES", "KEY_PREFIX", "RECORD_FORMAT", "IDEMPOTENCY_HEADER", "METHODS", "TTL",
 	"LOCK_TTL", "UPSTREAM_TIMEOUT", "UPSTREAM_ID", "REQUEST_READ_TIMEOUT", "REQUIRE_KEY", "MAX_KEY_LENGTH", "MAX_BODY_BYTES",
-	"MAX_STORED_RESPONSE_BYTES", "MAX_BUFFERED_BYTES", "GOMEMLIMIT_RATIO", "SCOPE_HEADERS", "FINGERPRINT", "FAIL_MODE", "WAIT_TIMEOUT", "ON_5XX", "ON_UNKNOWN", "MODE", "DOCS_URL", "ROUTES",
+	"MAX_STORED_RESPONSE_BYTES", "MAX_BUFFERED_BYTES", "GOMEMLIMIT_RATIO", "SCOPE_HEADERS", "FINGERPRINT", "FAIL_MODE", "WAIT_TIMEOUT", "ON_5XX", "ON_UNKNOWN", "MODE", "DOCS_URL", "SIGNATURE_TOLERANCE", "ROUTES",
 	"LOG_LEVEL", "LOG_FORMAT", "SHUTDOWN_TIMEOUT",
 }
 
@@ -501,6 +501,9 @@ func TestRenderFails(t *testing.T) {
 		{"route lock below upstream timeout", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].lock=10s"}, "must be above config.upstreamTimeout"},
 		{"off with options", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].off=true,config.routes[0].ttl=1h"}, "off means plain pass-through"},
 		{"duplicate route", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[1].method=post,config.routes[1].pattern=/a"}, "is already defined"},
+		{"verify without a signing key", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].key=sns,config.routes[0].verify.secretName=s,config.routes[0].verify.keys[0]=k"}, "verify checks the signature of github"},
+		{"verify without keys", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].key=github,config.routes[0].verify.secretName=s"}, "verify"},
+		{"bad record4xx", []string{"--set", "config.routes[0].method=POST,config.routes[0].pattern=/a,config.routes[0].record4xx=some"}, "/config/routes/0/record4xx"},
 		{"sentinel without addrs", []string{"--set", "config.redisMode=sentinel"}, "config.redisAddrs (REDIS_ADDRS) is required"},
 		{"admin listener off", []string{"--set", "config.adminAddr="}, "adminAddr"},
 		{"bad duration", []string{"--set", "config.ttl=tomorrow"}, "/config/ttl"},
@@ -576,13 +579,13 @@ func TestRoutesString(t *testing.T) {
 func TestWebhookRoutesString(t *testing.T) {
 	m := mustRender(t, "-f", chartDir+"/ci/webhooks-values.yaml")
 	data := m.configMap(m.deployment.Name).Data
-	want := "POST /hooks/github ttl=72h key=github scope=;" +
+	want := "POST /hooks/github ttl=72h key=github scope= verify=IDEMPROXY_VERIFY_0_0,IDEMPROXY_VERIFY_0_1;" +
 		"POST /hooks/standard ttl=48h key=standard-webhooks scope=;" +
-		"POST /hooks/stripe ttl=72h key=stripe-events scope= fingerprint=none;" +
+		"POST /hooks/stripe ttl=72h key=stripe-events scope= fingerprint=none verify=IDEMPROXY_VERIFY_2_0 record4xx=all;" +
 		"POST /hooks/shopify ttl=48h key=shopify scope=X-Shopify-Shop-Domain fingerprint=none;" +
 		"POST /hooks/sns key=sns scope=x-amz-sns-topic-arn fingerprint=strict;" +
 		"POST /hooks/events key=cloudevents scope= fingerprint=none;" +
-		"POST /hooks/partners/* required key=header:X-Partner-Id+json:/event/id|header:X-Partner-Id+query:event_id scope=X-Partner-Id,X-Partner-Env;" +
+		"POST /hooks/partners/* required key=header:X-Partner-Id+json:/event/id|query:event_id scope=X-Partner-Id,X-Partner-Env;" +
 		"POST /v1/orders scope="
 	if got := data["ROUTES"]; got != want {
 		t.Errorf("ROUTES = %q, want %q", got, want)
@@ -592,6 +595,26 @@ func TestWebhookRoutesString(t *testing.T) {
 	}
 	if got := mustRender(t).configMap(m.deployment.Name).Data["FINGERPRINT"]; got != "strict" {
 		t.Errorf("default FINGERPRINT = %q, want %q", got, "strict")
+	}
+	// The signing secrets reach the pod from their Secrets, never through
+	// the ConfigMap.
+	env := envByName(m.deployment)
+	for name, ref := range map[string][2]string{
+		"IDEMPROXY_VERIFY_0_0": {"github-webhook", "secret"},
+		"IDEMPROXY_VERIFY_0_1": {"github-webhook", "secret-previous"},
+		"IDEMPROXY_VERIFY_2_0": {"stripe-webhook", "signing-secret"},
+	} {
+		e, ok := env[name]
+		if !ok || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil || e.Value != "" {
+			t.Errorf("%s: %+v, want it from a Secret", name, e)
+			continue
+		}
+		if sk := e.ValueFrom.SecretKeyRef; sk.Name != ref[0] || sk.Key != ref[1] || isTrue(sk.Optional) {
+			t.Errorf("%s from Secret %s key %s (optional %v), want %s key %s, not optional", name, sk.Name, sk.Key, isTrue(sk.Optional), ref[0], ref[1])
+		}
+	}
+	if got := data["SIGNATURE_TOLERANCE"]; got != "5m" {
+		t.Errorf("SIGNATURE_TOLERANCE = %q, want the default 5m", got)
 	}
 }
 

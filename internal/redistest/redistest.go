@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -221,6 +222,23 @@ func (s *Server) Restart() {
 	s.t.Helper()
 	s.Kill()
 	s.start()
+}
+
+// Pause stops the server with SIGSTOP: connections stay open and the
+// kernel still accepts new ones, but nothing is answered, as when the
+// network to Redis drops packets. Resume undoes it (Kill, and so the
+// test's cleanup, ends a paused server too).
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(sig)
+	}
 }
 
 // Running reports whether the server process is up.

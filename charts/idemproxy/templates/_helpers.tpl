@@ -151,8 +151,11 @@ replicaCount otherwise.
 {{/*
 The ROUTES string built from config.routes: rules joined by ";", each
 "METHOD PATTERN [ttl=D] [lock=D] [required] [off] [upgrade] [fail=open|closed] [wait=D] [on5xx=release|store]
-[key=SOURCE] [scope=H1,H2] [unknown=expire|hold] [observe|enforce] [fingerprint=strict|json|none]". A scope given as an empty list renders
+[key=SOURCE] [scope=H1,H2] [unknown=expire|hold] [observe|enforce] [fingerprint=strict|json|none]
+[verify=VAR,...] [record4xx=all|except-401-403]". A scope given as an empty list renders
 "scope=" (no scope on this route); a rule without scope renders nothing (SCOPE_HEADERS applies).
+A rule's verify names the keys of a Secret; the secrets reach the pod as the variables
+idemproxy.verifyEnv names (never through the ConfigMap), and the rule renders verify= with them.
 */}}
 {{- define "idemproxy.routes" -}}
 {{- $rules := list }}
@@ -177,7 +180,7 @@ The ROUTES string built from config.routes: rules joined by ";", each
 {{- /* YAML 1.1 (which Helm's parser follows) reads a bare `off:` key as false: accept both spellings. */}}
 {{- $off := or (index $r "off") (index $r "false") }}
 {{- if or $off $r.upgrade }}
-{{- range $opt := list "ttl" "lock" "required" "fail" "wait" "on5xx" "key" "scope" "fingerprint" "unknown" "observe" }}
+{{- range $opt := list "ttl" "lock" "required" "fail" "wait" "on5xx" "key" "scope" "fingerprint" "unknown" "observe" "verify" "record4xx" }}
 {{- /* hasKey for scope and observe: an empty list (scope=) and false (enforce) are options too. */}}
 {{- if or (index $r $opt) (and (has $opt (list "scope" "observe")) (hasKey $r $opt)) }}
 {{- fail (printf "%s (%s): off means plain pass-through (and upgrade implies off), so %s would be ignored; remove it" $where $id $opt) }}
@@ -241,9 +244,49 @@ The ROUTES string built from config.routes: rules joined by ";", each
 {{- if not (has $r.fingerprint (list "strict" "json" "none")) }}{{ fail (printf "%s: fingerprint must be strict, json or none, not %q" $where $r.fingerprint) }}{{ end }}
 {{- $parts = append $parts (printf "fingerprint=%s" $r.fingerprint) }}
 {{- end }}
+{{- with $r.verify }}
+{{- if not (has (toString $r.key) (list "github" "stripe-events" "standard-webhooks" "shopify")) }}
+{{- fail (printf "%s (%s): verify checks the signature of github, stripe-events, standard-webhooks or shopify deliveries; set key to one of them" $where $id) }}
+{{- end }}
+{{- if not .secretName }}{{ fail (printf "%s (%s): verify.secretName is required: the Secret that holds the sender's signing secret" $where $id) }}{{ end }}
+{{- if not .keys }}{{ fail (printf "%s (%s): verify.keys lists the Secret's keys that hold the signing secrets (two while rotating)" $where $id) }}{{ end }}
+{{- $vars := list }}
+{{- range $j, $_ := .keys }}{{ $vars = append $vars (include "idemproxy.verifyVar" (list $i $j)) }}{{ end }}
+{{- $parts = append $parts (printf "verify=%s" (join "," $vars)) }}
+{{- end }}
+{{- if $r.record4xx }}
+{{- if not (has $r.record4xx (list "all" "except-401-403")) }}{{ fail (printf "%s: record4xx must be all or except-401-403, not %q" $where $r.record4xx) }}{{ end }}
+{{- $parts = append $parts (printf "record4xx=%s" $r.record4xx) }}
+{{- end }}
 {{- $rules = append $rules (join " " $parts) }}
 {{- end }}
 {{- join ";" $rules }}
+{{- end }}
+
+{{/*
+The variable that carries the signing secret j of config.routes[i] (verify), from its Secret.
+*/}}
+{{- define "idemproxy.verifyVar" -}}
+{{- printf "IDEMPROXY_VERIFY_%d_%d" (index . 0) (index . 1) -}}
+{{- end }}
+
+{{/*
+The container's env entries of every route's verify: secretKeyRef, never the ConfigMap.
+*/}}
+{{- define "idemproxy.verifyEnv" -}}
+{{- range $i, $r := .Values.config.routes }}
+{{- with $r.verify }}
+{{- $secret := .secretName }}
+{{- range $j, $key := .keys }}
+- name: {{ include "idemproxy.verifyVar" (list $i $j) }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ $key }}
+      optional: false
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*

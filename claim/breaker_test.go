@@ -1,0 +1,156 @@
+package claim_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testutil"
+)
+
+// guarded returns a client of srv guarded by a Breaker, whose probe goes
+// through a client of its own, as the proxy sets them up.
+func guarded(t *testing.T, srv *redistest.Server, readTimeout time.Duration, notify func(bool, error)) (*redis.Client, *claim.Breaker) {
+	t.Helper()
+	opt := &redis.Options{Addr: srv.Addr(), ReadTimeout: readTimeout, WriteTimeout: readTimeout,
+		DialTimeout: readTimeout, MaxRetries: 1, DialerRetries: 1}
+	probe := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, PoolSize: 1})
+	b := claim.NewBreaker(func(ctx context.Context) error { return probe.Ping(ctx).Err() }, 50*time.Millisecond, 200*time.Millisecond, notify)
+	opt.Limiter = b
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { b.Close(); _ = rdb.Close(); _ = probe.Close() })
+	return rdb, b
+}
+
+// breakerClient is what the proxy runs against a standalone Redis: a
+// guarded client and its autopipeliner, whose scripts a Store runs.
+func breakerClient(t *testing.T, srv *redistest.Server, readTimeout time.Duration) (*claim.Store, *claim.Breaker, *atomic.Int32) {
+	t.Helper()
+	var changes atomic.Int32
+	rdb, b := guarded(t, srv, readTimeout, func(bool, error) { changes.Add(1) })
+	ap, err := rdb.AutoPipelineWithOptions(claim.AutoPipelineOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ap.Close() })
+	return claim.NewStore(ap, "idem:", nil), b, &changes
+}
+
+// acquireAll claims n new keys at once and returns how long the slowest
+// took and the errors.
+func acquireAll(s *claim.Store, n int, tag string) (time.Duration, []error) {
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	start := time.Now()
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _, errs[i] = s.Acquire(context.Background(), claim.NewKey(nil, fmt.Sprint(tag, i)), claim.Fingerprint{},
+				claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
+		}()
+	}
+	wg.Wait()
+	return time.Since(start), errs
+}
+
+// TestBreakerFailsFastWhileRedisStalls: a Redis that stops answering (a
+// partition: connections stay open, nothing comes back) makes the first
+// claims wait out one read timeout; from then on every claim fails at once
+// as unavailable, and claims go back to Redis once it answers a probe.
+// Without the Breaker, claims queued behind the autopipeliner's one
+// ordered batch stream waited out a read timeout per batch, one after the
+// other: tens of seconds for a 503 or a fail-open forward.
+func TestBreakerFailsFastWhileRedisStalls(t *testing.T) {
+	srv := redistest.Start(t)
+	const readTimeout = 300 * time.Millisecond
+	s, b, changes := breakerClient(t, srv, readTimeout)
+	if _, errs := acquireAll(s, 4, "up"); errors.Join(errs...) != nil {
+		t.Fatalf("claims while Redis answers: %v", errors.Join(errs...))
+	}
+
+	srv.Pause()
+	took, errs := acquireAll(s, 50, "stalled")
+	for _, err := range errs {
+		if err == nil || !claim.Unavailable(err) {
+			t.Fatalf("claim against a stalled Redis: %v, want an unavailable error", err)
+		}
+	}
+	// The read timeout, once for the batch under way and once for the one
+	// queued behind it at most, plus the retry the Breaker cuts short.
+	if took > 3*readTimeout {
+		t.Errorf("50 claims against a stalled Redis took %v to fail, want about one read timeout (%v)", took, readTimeout)
+	}
+	if !b.Open() {
+		t.Fatal("Breaker closed after claims timed out")
+	}
+	took, errs = acquireAll(s, 50, "known-down")
+	if took > 50*time.Millisecond {
+		t.Errorf("claims while the Breaker is open took %v, want at once", took)
+	}
+	for _, err := range errs {
+		if !errors.Is(err, claim.ErrStoreDown) || !claim.Unavailable(err) {
+			t.Fatalf("claim while the Breaker is open: %v, want ErrStoreDown (unavailable)", err)
+		}
+	}
+
+	srv.Resume()
+	testutil.Eventually(t, 5*time.Second, "the Breaker closes once Redis answers", func() bool { return !b.Open() })
+	if _, errs := acquireAll(s, 4, "back"); errors.Join(errs...) != nil {
+		t.Errorf("claims after Redis came back: %v", errors.Join(errs...))
+	}
+	if n := changes.Load(); n != 2 {
+		t.Errorf("%d state changes told, want 2 (open, then closed)", n)
+	}
+}
+
+// TestBreakerOpensOnRefusedConnections: a Redis that is gone (connections
+// refused) opens the Breaker too, and it closes when Redis is back.
+func TestBreakerOpensOnRefusedConnections(t *testing.T) {
+	srv := redistest.Start(t)
+	s, b, _ := breakerClient(t, srv, time.Second)
+	srv.Kill()
+	if _, errs := acquireAll(s, 3, "gone"); !claim.Unavailable(errs[0]) {
+		t.Fatalf("claim against a killed Redis: %v", errs[0])
+	}
+	if !b.Open() {
+		t.Fatal("Breaker closed after refused connections")
+	}
+	srv.Restart()
+	testutil.Eventually(t, 5*time.Second, "the Breaker closes once Redis is back", func() bool { return !b.Open() })
+	if _, errs := acquireAll(s, 3, "restarted"); errors.Join(errs...) != nil {
+		t.Errorf("claims after a restart: %v", errors.Join(errs...))
+	}
+}
+
+// TestBreakerIgnoresAnswersAndCallers: an error reply of the server came
+// back at once and is no outage, nor is a caller that gave up: neither
+// opens the Breaker.
+func TestBreakerIgnoresAnswersAndCallers(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb, b := guarded(t, srv, time.Second, nil)
+	ctx := context.Background()
+	if err := rdb.Do(ctx, "NOSUCHCOMMAND").Err(); err == nil {
+		t.Fatal("an unknown command succeeded")
+	}
+	if err := rdb.Eval(ctx, "return redis.error_reply('LOADING Redis is loading')", nil).Err(); err == nil {
+		t.Fatal("the error reply was lost")
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_ = rdb.Get(cctx, "x").Err()
+	if b.Open() {
+		t.Fatal("Breaker opened on an error reply or a cancelled caller")
+	}
+	if err := rdb.Set(ctx, "x", "1", 0).Err(); err != nil {
+		t.Errorf("command after them: %v", err)
+	}
+}
