@@ -25,7 +25,7 @@ const pipeBuf = 4096
 // logBuffer gathers the JSON log's lines at info and below (the access log)
 // and writes them together, about logFlushEvery after the first of them:
 // at LOG_LEVEL=info every request writes a line, and a write(2) per line
-// was nearly all that line cost (issue 14). A line at warn or above, or
+// was nearly all that line cost (measured under load). A line at warn or above, or
 // without a level, is written at once, after the lines gathered before it,
 // so that what needs attention does not wait and the order holds.
 //

@@ -430,3 +430,47 @@ func (s *store) configWarnings(ctx context.Context) ([]string, error) {
 	}
 	return check(ctx, s.client, "")
 }
+
+// watchPurges runs s.WatchPurges on rdb until the returned close function
+// is called, which then closes the store with closeStore. So `idemproxy
+// keys purge` reaches this replica's replay cache.
+func watchPurges(s *claim.Store, rdb redis.UniversalClient, closeStore func(), logger zerolog.Logger) func() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	// Logged when the state changes, and again at most once a minute while
+	// a failure lasts (errors carry changing local ports).
+	const every = time.Minute
+	failing, loggedAt := false, time.Time{}
+	report := func(err error) {
+		now, was := time.Now(), failing
+		failing = err != nil
+		switch {
+		case !failing && was:
+			logger.Info().Msg("purge subscription confirmed: replay cache on again, from empty")
+		case failing && (!was || now.Sub(loggedAt) >= every):
+			loggedAt = now
+			msg := "purge subscription failed: the replay cache is off (replays are read from Redis, or follow FAIL_MODE while it is unreachable) until a new one is confirmed, so that `idemproxy keys purge` is never missed"
+			switch e := err.Error(); {
+			case strings.Contains(e, "NOPERM") && strings.Contains(e, "publish its probe"):
+				msg += "; give the proxy's Redis user PUBLISH on the channel (ACL SETUSER <user> +publish &<KEY_PREFIX>purge)"
+			case strings.Contains(e, "NOPERM"):
+				msg += "; give the proxy's Redis user the channel (ACL SETUSER <user> &<KEY_PREFIX>purge)"
+			}
+			logger.Error().Err(err).Msg(msg)
+		}
+	}
+	go func() {
+		defer close(done)
+		_ = s.WatchPurges(ctx, rdb, report)
+	}()
+	return func() {
+		cancel()
+		t := time.NewTimer(purgeWatchStopWait)
+		defer t.Stop()
+		select {
+		case <-done:
+		case <-t.C: // stalled: go on closing; the watch ends when go-redis gives up
+		}
+		closeStore()
+	}
+}

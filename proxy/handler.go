@@ -303,125 +303,6 @@ func hideIdempotencyKey(h http.Header) {
 	}
 }
 
-// result is what the access log and the metrics learn about one request.
-type result struct {
-	// requestID is sent as X-Request-Id and logged as request_id on every
-	// line of the request (info, warn, error).
-	requestID string
-	log       *zerolog.Logger
-	route     string
-	outcome   string
-	status    int
-	// key is the (scope, key) hash once there is one (hasKey): logged as
-	// key_hash, hex-encoded only when a line is written.
-	key        claim.Key
-	hasKey     bool
-	upstreamMS float64
-	// rc puts the write deadlines on the client connection: every answer is
-	// written under one, the final flush (after the handler returns)
-	// included; net/http lifts it once the answer is out.
-	rc           *http.ResponseController
-	writeTimeout time.Duration
-	// writeDeadline is the write deadline this request last put on the
-	// connection (zero: none yet, or cleared); see writeBy.
-	writeDeadline time.Time
-	hijacked      bool // a protocol switch took the connection over: no deadlines
-	// trailers are the request trailers the client announced (its Trailer
-	// header, which net/http takes away); nil for none, as nearly always.
-	trailers  []string
-	keySource string   // keySourceHeader, keySourceDerived or keySourceNone
-	docsLink  []string // Link header for the proxy's own problems (DOCS_URL)
-	replayOf  string   // a replayed record's Trace (its execution), for the span link
-	// acct holds the request's share of MAX_BUFFERED_BYTES: its body, and
-	// its answer while it is recorded. Given back by finish.
-	acct account
-	// replayCounted: a record read by readLarge, counted in acct before it
-	// was read (replay does not count it again).
-	replayCounted bool
-	// bodyDone: the request's body was read to its end, or pass-through
-	// took charge of it (it bounds what is left itself), or what is left of
-	// it is bounded (boundBody). bodyLen is its declared length (-1 for
-	// unknown), readTimeout REQUEST_READ_TIMEOUT.
-	bodyDone    bool
-	bodyLen     int64
-	readTimeout time.Duration
-}
-
-// boundBody puts REQUEST_READ_TIMEOUT on what is left of a body the
-// request is answered without reading (a refusal: the key, the declared
-// size, an upgrade; or a body that failed part way). net/http reads what is
-// left, up to 256 KiB, before it writes the answer's header, so as to keep
-// the connection: inside the handler's own write when the answer is larger
-// than its 2 KiB buffer, or else after the handler returns. Without a
-// deadline, a client that declares a body and never sends it holds the
-// connection and never gets its answer. Called before any answer of the
-// proxy's own is written, and by finish.
-func (res *result) boundBody() {
-	if res.bodyDone || res.hijacked || res.bodyLen == 0 || res.rc == nil {
-		return
-	}
-	res.bodyDone = true
-	_ = res.rc.SetReadDeadline(time.Now().Add(res.readTimeout))
-}
-
-// The key_source label and access-log field: a fixed set.
-const (
-	keySourceNone    = "none"    // no key: not covered, or no key sent
-	keySourceHeader  = "header"  // IDEMPOTENCY_HEADER
-	keySourceDerived = "derived" // a route's key=SOURCE
-)
-
-// arm gives the next write to the client UPSTREAM_TIMEOUT from now, or up
-// to deadlineSlack more. Every stage that writes arms first: a deadline set
-// earlier may have been used up by a wait (WAIT_TIMEOUT), a slow body or a
-// long upload.
-func (res *result) arm() { res.armFrom(time.Now()) }
-
-// armFrom is arm with the time already read.
-func (res *result) armFrom(now time.Time) {
-	res.writeBy(now.Add(res.writeTimeout), deadlineSlack(res.writeTimeout))
-}
-
-// info, warn and error start a log line of this request. The request id is
-// a field of each line rather than of a logger made per request: that
-// logger, carried in a copy of the request, was four allocations on every
-// request, replays included, at any LOG_LEVEL (issue 14).
-func (res *result) debug() *zerolog.Event { return res.log.Debug().Str("request_id", res.requestID) }
-func (res *result) info() *zerolog.Event  { return res.log.Info().Str("request_id", res.requestID) }
-func (res *result) warn() *zerolog.Event  { return res.log.Warn().Str("request_id", res.requestID) }
-func (res *result) error() *zerolog.Event { return res.log.Error().Str("request_id", res.requestID) }
-
-// writeBy makes the client's write deadline no earlier than earliest and no
-// later than earliest+slack. A deadline this request set that is already in
-// that window is kept: every set is a runtime timer update on the
-// connection, and the stages and writes of one answer arm within
-// microseconds of each other (three sets on every replay were 3.5 % of its
-// CPU under load). A new one is set at the window's end, so that the arms
-// that follow within slack keep it.
-func (res *result) writeBy(earliest time.Time, slack time.Duration) {
-	if res.hijacked {
-		return
-	}
-	if d := res.writeDeadline; !d.Before(earliest) && !d.After(earliest.Add(slack)) {
-		return
-	}
-	res.writeDeadline = earliest.Add(slack)
-	_ = res.rc.SetWriteDeadline(res.writeDeadline)
-}
-
-// clearWriteDeadline lifts the client's write deadline (a protocol switch:
-// the tunnel has none).
-func (res *result) clearWriteDeadline() {
-	res.writeDeadline = time.Time{}
-	_ = res.rc.SetWriteDeadline(time.Time{})
-}
-
-// deadlineSlack is how much later than asked a write deadline may be, for a
-// deadline d from now: an eighth of it, at most a second.
-func deadlineSlack(d time.Duration) time.Duration {
-	return max(0, min(d/8, time.Second))
-}
-
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	h.metrics.inflight.Inc()
@@ -487,14 +368,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// delivery must neither claim its message id (the genuine one would
 		// get the forgery's answer) nor reach the upstream.
 		if body, err = readBody(res.rc, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout, pol.Observe, &res.acct); err != nil {
-			h.refuseBody(w, r, &res, err, pol, body)
+			h.bodyAnswerOrObserve(w, r, &res, err, pol, body)
 			return
 		}
 		bodyRead, res.bodyDone = true, true
 		if err = pol.Verifier.Verify(r.Header, body, time.Now()); err != nil {
 			res.keySource = keySourceDerived
 			res.warn().Str("reason", err.Error()).Msg("delivery refused: its signature does not verify (verify=); nothing claimed or forwarded")
-			h.refuse(w, r, &res, signatureInvalid(err), pol, body)
+			h.answerOrObserve(w, r, &res, signatureInvalid(err), pol, body)
 			return
 		}
 	}
@@ -504,7 +385,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// The key is in the body: it is read (and MAX_BODY_BYTES applies)
 			// before the key, whether or not it holds one.
 			if body, err = readBody(res.rc, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout, pol.Observe, &res.acct); err != nil {
-				h.refuseBody(w, r, &res, err, pol, body)
+				h.bodyAnswerOrObserve(w, r, &res, err, pol, body)
 				return
 			}
 			bodyRead, res.bodyDone = true, true
@@ -525,7 +406,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			h.passthrough(w, r, &res, a.outcome)
 		} else {
-			h.refuse(w, r, &res, a, pol, body)
+			h.answerOrObserve(w, r, &res, a, pol, body)
 		}
 		return
 	}
@@ -537,7 +418,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if !bodyRead {
 		if body, err = readBody(res.rc, r, h.opts.MaxBodyBytes, h.opts.RequestReadTimeout, pol.Observe, &res.acct); err != nil {
-			h.refuseBody(w, r, &res, err, pol, body)
+			h.bodyAnswerOrObserve(w, r, &res, err, pol, body)
 			return
 		}
 		bodyRead, res.bodyDone = true, true
@@ -550,7 +431,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.metrics.bufferFull.Inc()
 		res.warn().Int64("max_buffered_bytes", h.opts.MaxBufferedBytes).
 			Msg("MAX_BUFFERED_BYTES reached: no room to canonicalise the body (fingerprint=json); answered 503")
-		h.refuse(w, r, &res, h.overloaded(), pol, body)
+		h.answerOrObserve(w, r, &res, h.overloaded(), pol, body)
 		return
 	}
 	fp := fingerprint(r, body, pol.Fingerprint)
@@ -570,7 +451,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		if pol.Observe && isLarge(err) {
 			// A completed record: forwarded, and counted would_replay, without reading it.
-			h.refuse(w, r, &res, answer{outcome: outcomeReplayed}, pol, body)
+			h.answerOrObserve(w, r, &res, answer{outcome: outcomeReplayed}, pol, body)
 			return
 		}
 		var over bool
@@ -583,7 +464,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.metrics.bufferFull.Inc()
 			res.warn().Hex("key_hash", res.key[:]).Int64("max_buffered_bytes", h.opts.MaxBufferedBytes).
 				Msg("MAX_BUFFERED_BYTES reached: replay refused; answered 503")
-			h.refuse(w, r, &res, h.overloaded(), pol, body)
+			h.answerOrObserve(w, r, &res, h.overloaded(), pol, body)
 			return
 		}
 	}
@@ -600,7 +481,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		status := rec.Status
 		rec.Release()
 		rec = nil
-		h.refuse(w, r, &res, answer{status: status, outcome: outcomeReplayed}, pol, body)
+		h.answerOrObserve(w, r, &res, answer{status: status, outcome: outcomeReplayed}, pol, body)
 	case err == nil && rec != nil:
 		h.replay(w, rec, &res)
 	case err == nil:
@@ -615,7 +496,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if a.outcome == outcomeStoreError || a.outcome == outcomeFailOpen {
 				res.warn().Err(err).Hex("key_hash", res.key[:]).Msg("claim failed (Redis unavailable, or the record unreadable); forwarding (observe mode)")
 			}
-			h.refuse(w, r, &res, a, pol, body)
+			h.answerOrObserve(w, r, &res, a, pol, body)
 			return
 		case errors.Is(err, claim.ErrBadRecord):
 			res.error().Err(err).Hex("key_hash", res.key[:]).Msg("stored record cannot be decoded")
@@ -685,11 +566,12 @@ func (h *Handler) noteUnknown(err error, res *result) {
 	}
 }
 
-// refuse answers a request the proxy does not execute under its key: with
-// enforce, a writes its problem; in observe mode the request is forwarded
-// unchanged instead (body is what was read of it, the rest still follows
-// on the connection) and counted as what enforcing would have answered.
-func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, res *result, a answer, pol Policy, body []byte) {
+// answerOrObserve answers a request the proxy does not execute under its
+// key: with enforce, a writes its problem; in observe mode the request is
+// forwarded unchanged instead (body is what was read of it, the rest still
+// follows on the connection) and counted as what enforcing would have
+// answered.
+func (h *Handler) answerOrObserve(w http.ResponseWriter, r *http.Request, res *result, a answer, pol Policy, body []byte) {
 	if pol.Observe {
 		if outcome, ok := observeAnswer(a); ok {
 			unreadBody(r, body)
@@ -700,9 +582,9 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, res *result, a 
 	a.write(w, res)
 }
 
-// refuseBody answers a keyed request whose body was not buffered (err is
+// bodyAnswerOrObserve answers a keyed request whose body was not buffered (err is
 // readBody's).
-func (h *Handler) refuseBody(w http.ResponseWriter, r *http.Request, res *result, err error, pol Policy, body []byte) {
+func (h *Handler) bodyAnswerOrObserve(w http.ResponseWriter, r *http.Request, res *result, err error, pol Policy, body []byte) {
 	switch {
 	case !errors.Is(err, errOverBudget):
 	case pol.Observe:
@@ -713,7 +595,7 @@ func (h *Handler) refuseBody(w http.ResponseWriter, r *http.Request, res *result
 		res.warn().Int64("max_buffered_bytes", h.opts.MaxBufferedBytes).
 			Msg("MAX_BUFFERED_BYTES reached: keyed request not let in; answered 503")
 	}
-	h.refuse(w, r, res, h.bodyAnswer(err, pol), pol, body)
+	h.answerOrObserve(w, r, res, h.bodyAnswer(err, pol), pol, body)
 }
 
 // acquire claims the key; with a wait policy, a duplicate of an in-flight
@@ -756,106 +638,7 @@ func (h *Handler) acquire(ctx context.Context, k claim.Key, fp claim.Fingerprint
 	}
 }
 
-// maxInlineReplay is the largest record a claim's reply may carry. A larger
-// one is read by readLarge once MAX_BUFFERED_BYTES has counted it: else
-// every concurrent replay would hold a record of up to
-// MAX_STORED_RESPONSE_BYTES before it is counted. (A replay up to it holds
-// about twice it uncounted while it decodes: the reply and the record.)
-const maxInlineReplay = 16 << 10
-
-// readLarge reads the record of a claim whose reply left it out for its
-// size (a *claim.LargeRecordError; any other err is returned as it is):
-// it counts that size in the request's account, under the rule that lets a
-// replay in (over is true when there is no room: nothing was read), then
-// claims again with a reply bounded to it (counted twice while it is read
-// and decoded). The key may have changed in
-// between (purged, and claimed or recorded anew): what comes back is
-// answered as any claim's result, and a size counted for nothing is given
-// back.
-func (h *Handler) readLarge(ctx context.Context, k claim.Key, fp claim.Fingerprint, pol Policy, err error, res *result) (_ *claim.Lease, _ *claim.Record, _ error, over bool) {
-	var large *claim.LargeRecordError
-	for tries := 0; errors.As(err, &large); tries++ {
-		if tries == 3 {
-			// The record changed at every read: answered as a store that
-			// cannot serve it (503, retry), never executed.
-			return nil, nil, err, false
-		}
-		if !res.acct.admit(large.Size) {
-			return nil, nil, nil, true
-		}
-		terms := claim.Terms{LockTTL: pol.LockTTL, TTL: pol.TTL, Hold: pol.Hold, MaxReplay: large.Size}
-		// While it is decoded, the reply and the record are held at once.
-		res.acct.force(large.Size)
-		lease, rec, aerr := h.store.Acquire(context.WithoutCancel(ctx), k, fp, terms)
-		res.acct.give(large.Size)
-		if rec == nil || rec.Cached {
-			res.acct.give(large.Size)
-		} else {
-			res.replayCounted = true
-		}
-		if errors.Is(aerr, claim.ErrInFlight) && pol.Wait > 0 {
-			// Purged and claimed anew in between: waited for as any
-			// duplicate is (a large answer comes back as an error again).
-			lease, rec, aerr = h.acquire(ctx, k, fp, pol)
-		}
-		if !errors.As(aerr, &large) {
-			return lease, rec, aerr, false
-		}
-		err = aerr
-	}
-	return nil, nil, err, false
-}
-
-func isLarge(err error) bool {
-	var large *claim.LargeRecordError
-	return errors.As(err, &large)
-}
-
-// replayedTrue is shared by every replay; nothing appends to it.
-var replayedTrue = []string{"true"}[:1:1]
-
 // scopeValues returns the scope headers' values of r (see ScopeValues).
 func scopeValues(r *http.Request, names, buf []string) []string {
 	return ScopeValues(r.Header, r.Host, names, buf)
-}
-
-// replay writes a recorded answer (under the write deadline ServeHTTP set:
-// a client that never reads must not hold the handler).
-func (h *Handler) replay(w http.ResponseWriter, rec *claim.Record, res *result) {
-	// The record is held while the client reads it (up to UPSTREAM_TIMEOUT
-	// per write): counted, and let in under a new request's rule, or clients
-	// that ask for large replays and never read could hold any amount. One
-	// the replay cache keeps holds nothing more, nor does an empty one.
-	if n := len(rec.Body); n > 0 && !rec.Cached && !res.replayCounted && !res.acct.admit(int64(n)) {
-		h.metrics.bufferFull.Inc()
-		res.warn().Hex("key_hash", res.key[:]).Int("body_bytes", len(rec.Body)).Int64("max_buffered_bytes", h.opts.MaxBufferedBytes).
-			Msg("MAX_BUFFERED_BYTES reached: replay refused; answered 503")
-		h.overloaded().write(w, res)
-		return
-	}
-	hdr := w.Header()
-	hdr["Idempotent-Replayed"] = replayedTrue
-	if rec.BodyNotStored {
-		notStoredAnswer(rec.Status).write(w, res)
-		return
-	}
-	res.status, res.outcome = rec.Status, outcomeReplayed
-	// The proxy's own headers win over the recorded ones, as on the first
-	// answer: this answer's request id, and the key echo where there is one.
-	keep := proxyHeaders(hdr, h.opts.KeyHeader)
-	copyRecordable(hdr, rec.Header)
-	keep.restore(hdr)
-	if len(rec.Trailer) > 0 {
-		// Trailers need a chunked body: no length, and announced up front.
-		delete(hdr, "Content-Length")
-		for name := range rec.Trailer {
-			hdr.Add("Trailer", name)
-		}
-	}
-	res.arm()
-	w.WriteHeader(rec.Status)
-	_, _ = w.Write(rec.Body) // a failed write means the client left; it can retry
-	for name, vv := range rec.Trailer {
-		hdr[name] = vv
-	}
 }
