@@ -1,6 +1,9 @@
 # idemproxy — `make help` lists the targets.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-IMG     ?= ghcr.io/idemproxy/idemproxy:$(VERSION)
+# The chart deploys ghcr.io/idemproxy/idemproxy:<appVersion> unless image.tag
+# is set, so docker-build tags the image with the chart's appVersion too.
+APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/idemproxy/Chart.yaml)
+IMG     ?= ghcr.io/idemproxy/idemproxy:$(APP_VERSION)
 GO      ?= go
 # Where `make run` starts the demo upstream when UPSTREAM_URL is not set. The
 # demo binds it before idemproxy starts; when it cannot, `make run` fails.
@@ -29,10 +32,15 @@ help: ## Show this help (coloured only on a terminal)
 ##@ Development
 
 .PHONY: run
-run: build ## Run the proxy (embedded Redis; a demo upstream on DEMO_UPSTREAM_ADDR unless UPSTREAM_URL is set; Ctrl-C stops all)
+run: announce-build build ## Run the proxy (embedded Redis; a demo upstream on DEMO_UPSTREAM_ADDR unless UPSTREAM_URL is set; Ctrl-C stops all)
 	@if [ -n "$$UPSTREAM_URL" ]; then exec ./bin/idemproxy; fi; \
 	$(GO) build -o bin/demoupstream ./internal/demoupstream || exit 1; \
 	exec ./bin/demoupstream -addr '$(DEMO_UPSTREAM_ADDR)' -delay '$(DEMO_DELAY)' -- ./bin/idemproxy
+
+# The first build downloads the modules and prints nothing for half a minute.
+.PHONY: announce-build
+announce-build:
+	@echo "make run: building bin/idemproxy (the first build downloads modules and takes about 30 s)"
 
 .PHONY: deps
 deps: ## Install what the tests need: redis-server and redis-cli (apt), when missing
@@ -90,7 +98,7 @@ build-static: ## Build the static release binary exactly as the Dockerfile does
 ##@ Packaging
 
 .PHONY: docker-build
-docker-build: ## Build the container image $(IMG) (needs a Docker engine)
+docker-build: ## Build the container image $(IMG), the chart's default (needs a Docker engine); IMG=repo:tag for another
 	docker build --build-arg VERSION=$(VERSION) --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) -t $(IMG) .
 
 .PHONY: helm

@@ -244,6 +244,10 @@ func (c *Config) checkUpstream(k *checker) {
 		u, err := url.Parse(c.UpstreamURL)
 		shown := redactURL(c.UpstreamURL)
 		switch {
+		case !strings.Contains(c.UpstreamURL, "://"):
+			// "127.0.0.1:9000" or "api.internal:8080": Go's parser would
+			// answer "first path segment in URL cannot contain colon".
+			k.bad("UPSTREAM_URL=%q: no scheme; write it as http://%s (or https://)", shown, strings.TrimPrefix(shown, "//"))
 		case err != nil && shown != c.UpstreamURL:
 			k.bad("UPSTREAM_URL=%q: malformed URL%s", shown, safeReason(c.UpstreamURL, err))
 		case err != nil:

@@ -256,6 +256,7 @@ func TestLoadConfigErrors(t *testing.T) {
 		{name: "UPSTREAM_URL missing", env: []string{"LISTEN_ADDR=127.0.0.1:0"}, want: []string{"UPSTREAM_URL"}},
 		{name: "UPSTREAM_URL empty", env: []string{"UPSTREAM_URL="}, want: []string{"UPSTREAM_URL"}},
 		{name: "UPSTREAM_URL scheme", env: []string{"UPSTREAM_URL=ftp://127.0.0.1:21"}, want: []string{`UPSTREAM_URL="ftp://127.0.0.1:21"`, "scheme"}},
+		{name: "UPSTREAM_URL without scheme", env: []string{"UPSTREAM_URL=127.0.0.1:9000"}, want: []string{`UPSTREAM_URL="127.0.0.1:9000": no scheme; write it as http://127.0.0.1:9000`}},
 		{name: "UPSTREAM_URL no host", env: []string{"UPSTREAM_URL=http://"}, want: []string{`UPSTREAM_URL="http://"`}},
 		{
 			name: "UPSTREAM_TIMEOUT not below LOCK_TTL", env: []string{up, "UPSTREAM_TIMEOUT=45s", "LOCK_TTL=30s"},
