@@ -41,12 +41,11 @@ const (
 	exitInterrupted = 130
 )
 
-var allWorkloads = []string{"unique", "replay", "mixed", "nokey", "unique1k", "json1k", "open", "info", "floor", "mem"}
+var allWorkloads = []string{"unique", "replay", "mixed", "nokey", "unique1k", "json1k", "open", "info", "mem"}
 
 // defaultWorkloads is -only's default: about 6 minutes with the other
 // defaults. info is left out (about 90 s more with two delays): it measures a
 // logging setting, not the request path, and is run on its own (-only info).
-// So is floor: it measures Redis alone, not idemproxy against a bare proxy.
 const defaultWorkloads = "unique,replay,mixed,open,mem"
 
 type config struct {
@@ -58,7 +57,7 @@ type config struct {
 	rounds           int
 	conns, threads   int
 	primed           int
-	workloads        []string // workloads to run: the wrk ones in order, then info and open (per delay), then floor
+	workloads        []string // workloads to run: the wrk ones in order, then info and open (per delay)
 	mem              bool     // run the memory checks
 	delays           []time.Duration
 	cpus             map[string]string // wrk, proxy, upstream, redis -> taskset cpu list
@@ -72,19 +71,9 @@ type config struct {
 	idemBare bool     // put a second bare proxy in idemproxy's slot (harness self-test)
 	idemBin  string   // prebuilt idemproxy binary instead of building the tree
 	idemEnv  []string // extra KEY=VALUE for idemproxy
-	// idemCeiling puts internal/bench/ceilingproxy in idemproxy's slot (issue
-	// 14's reference for the proxy-side targets), in one of ceilingModes:
-	// "redis", a bare proxy plus a minimal two-script design; "local", the
-	// same work without Redis; "onewrite", the same with two scripts of one
-	// write each (the least a design with the contract's scripted claim and
-	// an exactly fenced completion asks of Redis 7); "onehash", onewrite
-	// with hash records (idemproxy's default form); "commands", the same with a plain
-	// SET NX GET EX and a plain SET EX instead of the scripts (the least any
-	// design writes). "" for idemproxy.
-	idemCeiling string
-	// ceiling adds internal/bench/ceilingproxy (a mode of ceilingModes) as a
-	// third target to every closed-loop round, so that bare, idemproxy and
-	// the ceiling alternate in one run. "" for none.
+	// ceiling adds a third target to every closed-loop round, so that bare,
+	// idemproxy and it alternate in one run: ceilingStrings or ceilingTwin.
+	// "" for none.
 	ceiling string
 	// twinBin and twinEnv are -ceiling-bin and -ceiling-env: a second
 	// idemproxy binary, and what its environment gets beyond -idem-env, as the
@@ -102,10 +91,8 @@ type config struct {
 }
 
 // delayed tells whether a workload runs per upstream delay (every one but
-// floor, which needs no upstream).
-func (c *config) delayed() bool {
-	return slices.ContainsFunc(c.workloads, func(w string) bool { return w != "floor" })
-}
+// the memory checks, which start their own upstream).
+func (c *config) delayed() bool { return len(c.workloads) > 0 }
 
 type listFlag []string
 
@@ -167,8 +154,7 @@ func parseFlags(args []string) (*config, int) {
 	only := fs.String("only", defaultWorkloads, "comma-separated workloads: unique, replay, mixed, nokey (no key), mem (memory checks), "+
 		"unique1k and json1k (a ~1 KiB Stripe-event body keyed by the Idempotency-Key header, or by its \"id\" through ROUTES key=json:/id; run both for the comparison of issue 11), "+
 		"open (unique at a fixed rate, open loop: latency added at -open-rate of the bare proxy's unique req/s; issue 14), "+
-		"info (unique through idemproxy at LOG_LEVEL=info against warn, the bench's level: the cost of the default access log; issue 14), "+
-		"floor (the Redis CPU floor of idemproxy's claim and complete scripts, driven straight from Go with Redis alone on its core; once, not per delay; issue 14)")
+		"info (unique through idemproxy at LOG_LEVEL=info against warn, the bench's level: the cost of the default access log; issue 14)")
 	fs.IntVar(&cfg.openRounds, "open-rounds", 0, "open-loop rounds per target and delay (0: -rounds)")
 	fs.DurationVar(&cfg.openDuration, "open-duration", 5*time.Second, "measured duration of one open-loop round")
 	fs.DurationVar(&cfg.openWarmup, "open-warmup", time.Second, "warm-up at the fixed rate before each open-loop round (0 for none)")
@@ -178,8 +164,7 @@ func parseFlags(args []string) (*config, int) {
 	cpus := fs.String("cpus", "wrk=0,proxy=1,upstream=1,redis=1", "taskset cpu list per role")
 	fs.BoolVar(&cfg.idemBare, "idem-bare", false, "self-test: a second bare proxy takes idemproxy's slot (ratios show the noise floor)")
 	fs.StringVar(&cfg.idemBin, "idem-bin", "", "benchmark this idemproxy binary instead of building the tree")
-	fs.StringVar(&cfg.idemCeiling, "idem-ceiling", "", "internal/bench/ceilingproxy takes idemproxy's slot: redis (a bare proxy plus a minimal two-script design: body and answer in memory, key and fingerprint hashed, two small Redis scripts; -only unique,replay,mixed,open), local (the same without Redis; -only unique,open), onewrite (the same with two scripts of one write each, SET NX GET PX, then GET, the token checked in Lua, and SET PX: the least a design with the contract's scripted claim and an exactly fenced completion asks of Redis 7; -only as redis), onehash (onewrite with hash records, as idemproxy keeps them by default: HSETNX, PEXPIRE NX; HGET, the token checked, HSET, PEXPIRE; -only as redis) or commands (the same with a plain SET NX GET EX and a plain SET EX instead of the scripts, the least any design writes; -only as redis)")
-	fs.StringVar(&cfg.ceiling, "ceiling", "", "add internal/bench/ceilingproxy (redis, local, onewrite, onehash or commands, as -idem-ceiling) as a third target to the closed-loop rounds, alternated with bare and idemproxy in the same run; -only unique,replay,mixed (local: unique). strings: idemproxy itself with RECORD_FORMAT=string as the third target, reported as idem(string)")
+	fs.StringVar(&cfg.ceiling, "ceiling", "", "strings: idemproxy itself with RECORD_FORMAT=string as a third target to the closed-loop rounds, reported as idem(string); -only unique,replay,mixed")
 	var idemEnv listFlag
 	fs.Var(&idemEnv, "idem-env", "extra KEY=VALUE in idemproxy's environment (repeatable)")
 	fs.StringVar(&cfg.twinBin, "ceiling-bin", "", "a second idemproxy binary as the third target (implies -ceiling "+ceilingTwin+"): two builds alternate round by round in one run, with -idem-env, reported as idem(B); -only unique,replay,mixed")
@@ -318,16 +303,13 @@ func parseFlags(args []string) (*config, int) {
 		if cfg.ceiling == ceilingTwin {
 			given = "-ceiling-bin"
 		}
-		if !slices.Contains(ceilingModes, cfg.ceiling) && cfg.ceiling != ceilingStrings && cfg.ceiling != ceilingTwin {
-			bad = append(bad, fmt.Sprintf("-ceiling: %q (want %s or %s)", cfg.ceiling, strings.Join(ceilingModes, ", "), ceilingStrings))
+		if cfg.ceiling != ceilingStrings && cfg.ceiling != ceilingTwin {
+			bad = append(bad, fmt.Sprintf("-ceiling: %q (want %s)", cfg.ceiling, ceilingStrings))
 		}
-		if cfg.idemBare || cfg.idemCeiling != "" {
-			bad = append(bad, given+": not with -idem-bare or -idem-ceiling")
+		if cfg.idemBare {
+			bad = append(bad, given+": not with -idem-bare")
 		}
 		ok := []string{"unique", "replay", "mixed"}
-		if cfg.ceiling == "local" {
-			ok = []string{"unique"}
-		}
 		for _, w := range cfg.workloads {
 			if !slices.Contains(ok, w) {
 				bad = append(bad, fmt.Sprintf("%s: workload %q has no third-target round (want -only %s)", given, w, strings.Join(ok, ",")))
@@ -335,28 +317,6 @@ func parseFlags(args []string) (*config, int) {
 		}
 		if cfg.mem {
 			bad = append(bad, fmt.Sprintf("%s: workload \"mem\" has no third-target round (want -only %s)", given, strings.Join(ok, ",")))
-		}
-	}
-	if cfg.idemCeiling != "" {
-		if !slices.Contains(ceilingModes, cfg.idemCeiling) {
-			bad = append(bad, fmt.Sprintf("-idem-ceiling: %q (want %s)", cfg.idemCeiling, strings.Join(ceilingModes, ", ")))
-		}
-		if cfg.idemBare || cfg.idemBin != "" || len(idemEnv) > 0 {
-			bad = append(bad, "-idem-ceiling: not with -idem-bare, -idem-bin or -idem-env")
-		}
-		// The ceiling proxy knows no ROUTES, log level or memory limits;
-		// without Redis (local) it records nothing, so nothing is replayed.
-		ok := []string{"unique", "replay", "mixed", "open"}
-		if cfg.idemCeiling == "local" {
-			ok = []string{"unique", "open"}
-		}
-		for _, w := range cfg.workloads {
-			if !slices.Contains(ok, w) {
-				bad = append(bad, fmt.Sprintf("-idem-ceiling %s: workload %q is not measured with it (want -only %s)", cfg.idemCeiling, w, strings.Join(ok, ",")))
-			}
-		}
-		if cfg.mem {
-			bad = append(bad, fmt.Sprintf("-idem-ceiling %s: workload \"mem\" is not measured with it (want -only %s)", cfg.idemCeiling, strings.Join(ok, ",")))
 		}
 	}
 	cfg.memSlack = int64(*memSlackMiB * (1 << 20))
@@ -381,10 +341,8 @@ type bench struct {
 	ncpu    int // cpus in /proc/stat
 
 	upstreamBin, bareBin, idemBin string
-	ceilingBin                    string
 	twinBin                       string // -ceiling-bin, absolute
 	openBin                       string // the fixed-rate generator (internal/bench/openloop)
-	floorBin                      string // the scripts' driver of the floor phase (internal/bench/redisfloor)
 	script, eventTpl              string
 	redisAddr                     string
 	redis                         *proc
@@ -395,7 +353,6 @@ type bench struct {
 	notes    []string          // warnings printed under the table
 	opens    []openResult      // open-loop phases, one per delay
 	infos    []infoResult      // LOG_LEVEL=info phases, one per delay
-	floors   []floorResult     // floor phase, one per mode
 	profiles []string          // -perf reports, printed after the table
 }
 
@@ -416,7 +373,6 @@ func (b *bench) main(ctx context.Context) int {
 		others[o] = true
 	}
 	var results []result
-	stopped := false
 	for _, d := range cfg.delays {
 		if !cfg.delayed() {
 			break
@@ -429,19 +385,7 @@ func (b *bench) main(ctx context.Context) int {
 				return exitError
 			}
 			b.notes = append(b.notes, "run stopped early: "+firstLine(err.Error()))
-			stopped = true
 			break
-		}
-	}
-	// After the delay groups: their upstream is stopped by then, and no
-	// proxy runs, so Redis has its core alone.
-	if slices.Contains(cfg.workloads, "floor") && !stopped && ctx.Err() == nil {
-		if err := b.floorPhase(ctx); err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			if len(results)+len(b.opens)+len(b.infos)+len(b.floors) == 0 || ctx.Err() != nil {
-				return exitError
-			}
-			b.notes = append(b.notes, "floor phase stopped early: "+firstLine(err.Error()))
 		}
 	}
 	var mem []memResult
@@ -533,28 +477,21 @@ func (b *bench) setup(ctx context.Context) error {
 	}
 	b.affinity = map[string]string{}
 
-	logf("building fake upstream, bare proxy, fixed-rate generator and Redis floor driver")
-	if err := goBuild(ctx, repo, cfg.workdir, "./internal/bench/upstream", "./internal/bench/bareproxy", "./internal/bench/openloop", "./internal/bench/redisfloor", "./internal/bench/ceilingproxy"); err != nil {
+	logf("building fake upstream, bare proxy and fixed-rate generator")
+	if err := goBuild(ctx, repo, cfg.workdir, "./internal/bench/upstream", "./internal/bench/bareproxy", "./internal/bench/openloop"); err != nil {
 		return err
 	}
 	b.openBin = filepath.Join(cfg.workdir, "openloop")
-	b.floorBin = filepath.Join(cfg.workdir, "redisfloor")
 	b.upstreamBin = filepath.Join(cfg.workdir, "upstream")
 	b.bareBin = filepath.Join(cfg.workdir, "bareproxy")
-	b.ceilingBin = filepath.Join(cfg.workdir, "ceilingproxy")
 	switch {
 	case cfg.idemBare:
 		b.idemBin = b.bareBin
 		logf("-idem-bare: a second bare proxy takes idemproxy's slot")
-	case cfg.idemCeiling != "":
-		b.idemBin = b.ceilingBin
-		logf("-idem-ceiling %s: the ceiling proxy takes idemproxy's slot", cfg.idemCeiling)
 	case cfg.idemBin != "":
 		if b.idemBin, err = filepath.Abs(cfg.idemBin); err != nil {
 			return err
 		}
-	case !cfg.delayed() && !cfg.mem:
-		// -only floor runs no proxy: the claim package is built into redisfloor.
 	default:
 		logf("building idemproxy from %s", repo)
 		b.idemBin = filepath.Join(cfg.workdir, "idemproxy")
@@ -614,7 +551,7 @@ func (b *bench) setup(ctx context.Context) error {
 // that has a rule of its own, before any round: a build that refuses the rule
 // (json1k's key=json:/id before issue 11) fails the run at once, saying why.
 func (b *bench) checkRoutes(ctx context.Context) error {
-	if b.cfg.idemBare || b.cfg.idemCeiling != "" {
+	if b.cfg.idemBare {
 		return nil
 	}
 	port, err := freePort()
@@ -852,10 +789,6 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 		t.p, err = b.startProxy(kind, baseEnv(), logPath, b.bareBin,
 			"-listen", addr, "-upstream", up.url)
 		ready = func() error { return b.get(t.url + "/healthz") }
-	} else if mode := b.ceilingMode(kind); mode != "" && mode != ceilingStrings && mode != ceilingTwin {
-		t.p, err = b.startProxy(kind, baseEnv(), logPath, b.ceilingBin,
-			ceilingArgs(mode, addr, up.url, b.redisAddr)...)
-		ready = func() error { return b.get(t.url + "/healthz") }
 	} else {
 		aport, err2 := freePort()
 		if err2 != nil {
@@ -939,22 +872,6 @@ func copyFile(dst, src string) error {
 	return out.Close()
 }
 
-// ceilingArgs are internal/bench/ceilingproxy's arguments in mode: "local"
-// gives it no Redis, "onewrite", "onehash" and "commands" their designs.
-func ceilingArgs(mode, listen, upstream, redisAddr string) []string {
-	design := "scripts"
-	switch mode {
-	case "local":
-		redisAddr = ""
-	case "onewrite", "onehash", "commands":
-		design = mode
-	}
-	return []string{"-listen", listen, "-upstream", upstream, "-redis", redisAddr, "-design", design}
-}
-
-// ceilingModes are the modes of -ceiling and -idem-ceiling.
-var ceilingModes = []string{"redis", "local", "onewrite", "onehash", "commands"}
-
 // ceilingStrings, as -ceiling, makes the third target idemproxy itself with
 // RECORD_FORMAT=string: the two record formats alternate in one run.
 const ceilingStrings = "strings"
@@ -987,18 +904,13 @@ func ceilingName(mode string) string {
 	case ceilingTwin:
 		return "idem(B)"
 	}
-	return "ceiling(" + mode + ")"
+	return mode
 }
 
-// ceilingMode is the ceiling proxy's mode when target kind runs it: the
-// third target of -ceiling, or idemproxy's slot with -idem-ceiling; "" when
-// kind is idemproxy or the bare proxy.
+// ceilingMode is the third target's mode when target kind is it, else "".
 func (b *bench) ceilingMode(kind string) string {
-	switch {
-	case kind == "ceil":
+	if kind == "ceil" {
 		return b.cfg.ceiling
-	case kind != "bare" && b.cfg.idemCeiling != "":
-		return b.cfg.idemCeiling
 	}
 	return ""
 }

@@ -31,8 +31,6 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 	switch {
 	case cfg.idemBare:
 		idemName = "idem(bare)"
-	case cfg.idemCeiling != "":
-		idemName = "ceiling(" + cfg.idemCeiling + ")"
 	}
 	if len(results) > 0 {
 		fmt.Fprintf(w, "\nidemproxy benchmark: medians of %d round(s) per target, rounds alternated (bare,idem / idem,bare / …), a fresh proxy process per round;\n", cfg.rounds)
@@ -170,7 +168,7 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 			fmt.Fprintln(w, l)
 		}
 	}
-	for _, sec := range [][]string{infoReport(b.infos, cfg), openReport(b.opens, cfg, idemName), floorReport(b.floors, cfg, b.affinity)} {
+	for _, sec := range [][]string{infoReport(b.infos, cfg), openReport(b.opens, cfg, idemName)} {
 		if len(sec) > 0 {
 			fmt.Fprintln(w)
 			for _, l := range sec {
@@ -212,10 +210,6 @@ func (b *bench) coresLine() string {
 			return a
 		}
 		return "?"
-	}
-	if !b.cfg.delayed() && !b.cfg.mem { // -only floor: no proxy, no upstream, no wrk
-		return fmt.Sprintf("redisfloor pinned to cpu %s, redis-server alone on cpu %s (taskset -c; affinity read back from /proc: redisfloor %s, redis %s); "+
-			"redisfloor sizes GOMAXPROCS from its affinity; the driver waits on its core.", c["wrk"], c["redis"], seen("redisfloor"), seen("redis"))
 	}
 	s := fmt.Sprintf("wrk (%d thread) pinned to cpu %s; proxy under test on cpu %s, upstream on cpu %s, redis-server on cpu %s "+
 		"(taskset -c; affinity read back from /proc: proxy %s, upstream %s, redis %s)",

@@ -55,8 +55,8 @@ func (b *bench) delayGroup(ctx context.Context, delay time.Duration) ([]result, 
 	defer up.p.stop()
 	var out []result
 	for _, wl := range b.cfg.workloads {
-		if wl == "open" || wl == "info" || wl == "floor" {
-			continue // after the closed-loop workloads: below, and floor once for all delays
+		if wl == "open" || wl == "info" {
+			continue // after the closed-loop workloads, below
 		}
 		res := result{workload: wl, delay: delay}
 		for r := 0; r < b.cfg.rounds; r++ {
@@ -152,7 +152,7 @@ func (b *bench) round(ctx context.Context, up *upstream, wl, kind string, r int,
 	if err := b.prime(ctx, url, wl, pprefix); err != nil {
 		return sample{}, err
 	}
-	if kind == "idem" && !cfg.idemBare && cfg.idemCeiling != "local" && r == 0 {
+	if kind == "idem" && !cfg.idemBare && r == 0 {
 		b.probe(ctx, url, pprefix, tag, wl)
 	}
 	if cfg.warmup > 0 {

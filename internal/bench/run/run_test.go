@@ -111,25 +111,13 @@ func TestParseFlags(t *testing.T) {
 	if code >= 0 || !slices.Equal(cfg.workloads, []string{"open", "info"}) || cfg.openRounds != 3 || cfg.openDuration != 2*time.Second {
 		t.Errorf("-quick -only open,info -rounds 3: code %d, workloads %q, open rounds %d duration %v", code, cfg.workloads, cfg.openRounds, cfg.openDuration)
 	}
-	cfg, code = parseFlags([]string{"-only", "floor", "-delays", ""})
-	if code >= 0 || !slices.Equal(cfg.workloads, []string{"floor"}) || cfg.mem || cfg.delayed() {
-		t.Errorf("-only floor without delays: code %d, workloads %q, mem %v, delayed %v", code, cfg.workloads, cfg.mem, cfg.delayed())
-	}
-	if cfg, _ := parseFlags([]string{"-only", "unique,floor"}); !cfg.delayed() {
-		t.Error("-only unique,floor: want delayed (unique runs per delay)")
-	}
-	if cfg, code := parseFlags([]string{"-idem-ceiling", "commands", "-only", "unique,replay,open"}); code >= 0 || cfg.idemCeiling != "commands" {
-		t.Errorf("-idem-ceiling commands -only unique,replay,open: code %d, ceiling %q", code, cfg.idemCeiling)
-	}
-	cfg, code = parseFlags([]string{"-idem-ceiling", "redis", "-only", "unique,replay,mixed,open"})
-	if code >= 0 || cfg.idemCeiling != "redis" {
-		t.Errorf("-idem-ceiling redis -only unique,open: code %d, ceiling %q", code, cfg.idemCeiling)
+	cfg, code = parseFlags([]string{"-only", "mem", "-delays", ""})
+	if code >= 0 || len(cfg.workloads) != 0 || !cfg.mem || cfg.delayed() {
+		t.Errorf("-only mem without delays: code %d, workloads %q, mem %v, delayed %v", code, cfg.workloads, cfg.mem, cfg.delayed())
 	}
 	for _, bad := range [][]string{{"-only", "nope"}, {"-delays", "x"}, {"-cpus", "wrk=0"}, {"-idem-env", "NOEQUALS"}, {"-rounds", "0"},
-		{"-open-rate", "0"}, {"-open-duration", "500ms"}, {"-open-rounds", "-1"}, {"-only", "unique,floor", "-delays", ""},
-		// the ceiling proxy answers duplicates 409 and knows no idemproxy settings
-		{"-idem-ceiling", "redis"}, {"-idem-ceiling", "redis", "-only", "unique,info"}, {"-idem-ceiling", "local", "-only", "replay"}, {"-idem-ceiling", "commands", "-only", "unique,info"}, {"-idem-ceiling", "yes", "-only", "unique"},
-		{"-idem-ceiling", "redis", "-only", "unique", "-idem-bare"}, {"-idem-ceiling", "redis", "-only", "unique", "-idem-env", "A=B"}} {
+		{"-open-rate", "0"}, {"-open-duration", "500ms"}, {"-open-rounds", "-1"}, {"-only", "unique,mem", "-delays", ""},
+		{"-only", "floor"}} {
 		if _, code := parseFlags(bad); code != exitUsage {
 			t.Errorf("parseFlags(%q): exit code %d, want %d", bad, code, exitUsage)
 		}
@@ -504,104 +492,6 @@ func TestKeyBytesLine(t *testing.T) {
 	}
 }
 
-func TestParseFloorLine(t *testing.T) {
-	out := "MEASURE\nREDISFLOOR {\"script\":\"scripts\",\"client\":\"auto\",\"goroutines\":64,\"iterations\":9214," +
-		"\"elapsed_us\":1005835,\"cpu_us\":377058,\"errors\":2,\"first_error\":\"claim: i/o timeout\"}\n"
-	l, err := parseFloorLine(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := floorLine{Script: "scripts", Client: "auto", Goroutines: 64, Iterations: 9214, ElapsedUs: 1005835, CPUUs: 377058, Errors: 2, FirstError: "claim: i/o timeout"}
-	if l != want {
-		t.Errorf("got %+v, want %+v", l, want)
-	}
-	for _, bad := range []string{
-		"MEASURE\n",
-		"REDISFLOOR {\n",
-		`REDISFLOOR {"script":"scripts","client":"auto","goroutines":64,"iterations":0,"elapsed_us":1,"cpu_us":1}` + "\n",
-		`REDISFLOOR {"script":"scripts","client":"auto","goroutines":64,"iterations":5,"elapsed_us":0,"cpu_us":1}` + "\n",
-		`REDISFLOOR {"client":"auto","goroutines":64,"iterations":5,"elapsed_us":1,"cpu_us":1}` + "\n",
-	} {
-		if _, err := parseFloorLine(bad); err == nil {
-			t.Errorf("parseFloorLine(%q): no error", bad)
-		}
-	}
-}
-
-func TestFloorSampleOf(t *testing.T) {
-	b := &bench{clkTck: 100, ncpu: 2}
-	// 4 s, 100,000 iterations; Redis 240 ticks (2.4 s), 20,000 reads,
-	// 600,000 commands besides s0's INFO, 200,001 EVALSHA and one EVAL;
-	// redisfloor 2 s of CPU; the machine's 2 cpus 800 ticks (4 s each), of
-	// which 120 busy in processes not ours.
-	s0 := floorSnap{redis: 1000, self: 50, all: cpuTimes{busy: 5000, total: 10000},
-		red: redisCounters{reads: 100, commands: 1000, calls: map[string]int64{"evalsha": 10}}}
-	s1 := floorSnap{redis: 1240, self: 51, all: cpuTimes{busy: 5000 + 240 + 1 + 200 + 120, total: 10000 + 800},
-		red: redisCounters{reads: 20100, commands: 1000 + 1 + 600000, calls: map[string]int64{"evalsha": 200011, "eval": 1}}}
-	l := floorLine{Script: "scripts", Client: "auto", Goroutines: 64, Iterations: 100000, ElapsedUs: 4_000_000, CPUUs: 2_000_000}
-	got := b.floorSampleOf(l, s0, s1)
-	want := floorSample{iterPerSec: 25000, redisUs: 24, redisBusyPct: 60, readsPerIter: 0.2, cmdsPerRead: 30, scriptsPerRead: 10.0001,
-		driverPct: 50, otherPct: 30, iterations: 100000}
-	near := func(a, b float64) bool { return a-b < 1e-6 && b-a < 1e-6 }
-	if !near(got.iterPerSec, want.iterPerSec) || !near(got.redisUs, want.redisUs) || !near(got.redisBusyPct, want.redisBusyPct) ||
-		!near(got.readsPerIter, want.readsPerIter) || !near(got.cmdsPerRead, want.cmdsPerRead) || !near(got.scriptsPerRead, want.scriptsPerRead) ||
-		!near(got.driverPct, want.driverPct) || !near(got.otherPct, want.otherPct) || got.iterations != want.iterations {
-		t.Errorf("got %+v, want %+v", got, want)
-	}
-}
-
-func TestFloorReport(t *testing.T) {
-	cfg, code := parseFlags([]string{"-only", "floor", "-rounds", "3"})
-	if code >= 0 {
-		t.Fatalf("exit code %d", code)
-	}
-	smp := func(rate, us, driver float64) floorSample {
-		return floorSample{iterPerSec: rate, redisUs: us, redisBusyPct: rate * us / 1e4, readsPerIter: 0.2, cmdsPerRead: 30, scriptsPerRead: 10, driverPct: driver, otherPct: 5}
-	}
-	floors := []floorResult{
-		{mode: floorModes[0], samples: []floorSample{smp(40000, 24.4, 60), smp(41000, 23.9, 62), smp(39000, 25.0, 61)}},
-		{mode: floorModes[1], samples: []floorSample{smp(190000, 3.1, 97), smp(185000, 3.3, 96), smp(188000, 3.2, 80)}},
-		{mode: floorModes[2], samples: []floorSample{smp(30000, 40.0, 70), {iterPerSec: 29000, redisUs: 41, errors: 3, firstError: "claim x: i/o timeout"}, smp(31000, 39.0, 70)}},
-		{mode: floorModes[3], samples: []floorSample{smp(60000, 15.9, 80), smp(61000, 15.6, 80), smp(59000, 16.0, 80)}},
-	}
-	got := strings.Join(floorReport(floors, cfg, map[string]string{"redis": "1", "redisfloor": "0"}), "\n")
-	for _, want := range []string{
-		"redisfloor runs 64 goroutines (-conns)",
-		"redisfloor on cpu 0, redis-server on cpu 1 (affinity read back: 0, 1)",
-		"medians of 3 round(s)",
-		"floor  idemproxy's scripts, pipelined as it sends them: 24.4 µs of Redis CPU per first request; issue 14 target ≤ 15 µs: MISSED at the floor; " +
-			"any two scripts, same pipelining: 3.2 µs; idemproxy's scripts on pooled connections: 40.0 µs; " +
-			"two scripts that write once each and check nothing (below any correct two-script design): 15.9 µs, under the target: no.",
-		"NOTE: floor auto+return1 round 1: redisfloor used 97% of its core (Redis 59% of its own): the driver, not Redis, set the pace",
-		"NOTE: floor plain+scripts round 2: 3 failed iteration(s), the first: claim x: i/o timeout",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("report lacks %q:\n%s", want, got)
-		}
-	}
-	for _, re := range []string{
-		`auto\+scripts\s+40000\s+24\.4\s+98%\s+0\.20\s+30\.0\s+10\.0\s+61%\s+5%\s+0\n`,
-		`auto\+return1\s+188000\s+3\.2\s+60%\s+0\.20\s+30\.0\s+10\.0\s+96%\s+5%\s+0\n`,
-		`plain\+scripts\s+30000\s+40\.0\s+\d+%\s+0\.20\s+30\.0\s+10\.0\s+70%\s+5%\s+3\n`,
-		`auto\+minimal\s+60000\s+15\.9\s+95%\s+0\.20\s+30\.0\s+10\.0\s+80%\s+5%\s+0\n`,
-	} {
-		if !regexp.MustCompile(re).MatchString(got) {
-			t.Errorf("no row matching %s:\n%s", re, got)
-		}
-	}
-	if strings.Count(got, "redisfloor used") != 2 || strings.Contains(got, "share cpu") {
-		t.Errorf("want exactly the two rounds over 90%% flagged and no shared-core note:\n%s", got)
-	}
-	cfg.cpus["redis"] = cfg.cpus["wrk"]
-	if got := strings.Join(floorReport(floors[:1], cfg, nil), "\n"); !strings.Contains(got, "NOTE: redis-server and redisfloor share cpu 0") ||
-		!strings.Contains(got, "(affinity read back: ?, ?)") || strings.Contains(got, "any two scripts") {
-		t.Errorf("one mode, shared core:\n%s", got)
-	}
-	if floorReport(nil, cfg, nil) != nil {
-		t.Error("no floor results: want no section")
-	}
-}
-
 func TestRoundOrder(t *testing.T) {
 	if got := roundOrder(0, false); !slices.Equal(got, []string{"bare", "idem"}) {
 		t.Errorf("round 0: %q", got)
@@ -647,79 +537,17 @@ func TestRoundOrder(t *testing.T) {
 }
 
 func TestParseFlagsCeiling(t *testing.T) {
-	cfg, code := parseFlags([]string{"-ceiling", "redis", "-only", "unique,replay,mixed"})
-	if code >= 0 || cfg.ceiling != "redis" {
-		t.Errorf("-ceiling redis: code %d, ceiling %q", code, cfg.ceiling)
-	}
 	if cfg, code := parseFlags([]string{"-ceiling", "strings", "-only", "unique,mixed"}); code >= 0 || cfg.ceiling != "strings" || ceilingName(cfg.ceiling) != "idem(string)" {
 		t.Errorf("-ceiling strings -only unique,mixed: code %d, ceiling %q", code, cfg.ceiling)
 	}
-	if cfg, code := parseFlags([]string{"-ceiling", "commands", "-only", "unique,replay"}); code >= 0 || cfg.ceiling != "commands" {
-		t.Errorf("-ceiling commands -only unique,replay: code %d, ceiling %q", code, cfg.ceiling)
-	}
 	for _, bad := range [][]string{
-		{"-ceiling", "redis"}, // the default set has open and mem
-		{"-ceiling", "local", "-only", "replay"},
-		{"-ceiling", "commands", "-only", "unique,open"},
-		{"-ceiling", "both", "-only", "unique"},
-		{"-idem-ceiling", "strings", "-only", "unique"}, // -idem-env RECORD_FORMAT=string is that
-		{"-ceiling", "redis", "-only", "unique", "-idem-ceiling", "redis"},
-		{"-ceiling", "redis", "-only", "unique", "-idem-bare"},
+		{"-ceiling", "strings"}, // the default set has open and mem
+		{"-ceiling", "strings", "-only", "unique,open"},
+		{"-ceiling", "redis", "-only", "unique"},
+		{"-ceiling", "strings", "-only", "unique", "-idem-bare"},
 	} {
 		if _, code := parseFlags(bad); code != exitUsage {
 			t.Errorf("parseFlags(%q): exit code %d, want %d", bad, code, exitUsage)
-		}
-	}
-}
-
-// The report puts the ceiling's rows beside idemproxy's when it ran: its
-// medians, its ratios to bare, and idemproxy's ratios to it.
-func TestReportCeilingRows(t *testing.T) {
-	cfg, code := parseFlags([]string{"-ceiling", "redis", "-only", "unique", "-rounds", "3"})
-	if code >= 0 {
-		t.Fatalf("exit code %d", code)
-	}
-	b := &bench{cfg: cfg}
-	smp := func(rps, cpu float64) sample { return sample{rps: rps, cpuUs: cpu, p50ms: 1, p99ms: 2, rssMiB: 20} }
-	res := []result{{workload: "unique", delay: 0,
-		bare: []sample{smp(1000, 100), smp(1000, 100), smp(1000, 100)},
-		idem: []sample{smp(600, 140), smp(620, 140), smp(640, 140)},
-		ceil: []sample{smp(700, 120), smp(720, 120), smp(740, 120)},
-	}}
-	var sb strings.Builder
-	b.report(&sb, res, nil, cpuTimes{}, "")
-	got := sb.String()
-	for _, re := range []string{
-		`unique\s+0\s+ceiling\(redis\)\s+720\s`,
-		`unique\s+0\s+ceiling\(redis\)/bare\s+0\.72×\s+1\.00×\s+1\.00×\s+1\.20×`,
-		`unique\s+0\s+idem/ceiling\(redis\)\s+0\.86×\s+1\.00×\s+1\.00×\s+1\.17×`,
-		`req/s ratio to bare per round, idem/ceiling\(redis\): 0\.60/0\.70 0\.62/0\.72 0\.64/0\.74`,
-	} {
-		if !regexp.MustCompile(re).MatchString(got) {
-			t.Errorf("no match for %s in:\n%s", re, got)
-		}
-	}
-}
-
-// Each ceiling mode starts the ceiling proxy as it says: with Redis and its
-// scripts, without Redis, or with Redis and its one-write or plain-command
-// design.
-func TestCeilingArgs(t *testing.T) {
-	cases := map[string][]string{
-		"redis":    {"-listen", "L", "-upstream", "U", "-redis", "R", "-design", "scripts"},
-		"local":    {"-listen", "L", "-upstream", "U", "-redis", "", "-design", "scripts"},
-		"onewrite": {"-listen", "L", "-upstream", "U", "-redis", "R", "-design", "onewrite"},
-		"onehash":  {"-listen", "L", "-upstream", "U", "-redis", "R", "-design", "onehash"},
-		"commands": {"-listen", "L", "-upstream", "U", "-redis", "R", "-design", "commands"},
-	}
-	for _, mode := range ceilingModes {
-		want, ok := cases[mode]
-		if !ok {
-			t.Errorf("mode %q: no case here", mode)
-			continue
-		}
-		if got := ceilingArgs(mode, "L", "U", "R"); !slices.Equal(got, want) {
-			t.Errorf("ceilingArgs(%q) = %q, want %q", mode, got, want)
 		}
 	}
 }
@@ -737,10 +565,6 @@ func TestCeilingStringsEnv(t *testing.T) {
 	}
 	if got, want := b.idemExtraEnv("idem", "unique"), []string{"RECORD_FORMAT=hash"}; !slices.Equal(got, want) {
 		t.Errorf("idemproxy's env %q, want %q", got, want)
-	}
-	cfg, _ = parseFlags([]string{"-ceiling", "commands", "-only", "unique"})
-	if got := (&bench{cfg: cfg}).idemExtraEnv("idem", "unique"); len(got) != 0 {
-		t.Errorf("idemproxy's env with -ceiling commands: %q, want none", got)
 	}
 }
 
@@ -774,7 +598,7 @@ func TestCeilingBin(t *testing.T) {
 	for _, bad := range [][]string{
 		{"-ceiling-bin", bin},                         // the default set has open and mem
 		{"-ceiling-bin", bin, "-only", "unique,open"}, // no third target in the open loop
-		{"-ceiling-bin", bin, "-only", "unique", "-ceiling", "onewrite"},
+		{"-ceiling-bin", bin, "-only", "unique", "-ceiling", "strings"},
 		{"-ceiling-bin", bin, "-only", "unique", "-idem-bare"},
 		{"-ceiling-bin", filepath.Join(t.TempDir(), "missing"), "-only", "unique"},
 		{"-ceiling-bin", notExec, "-only", "unique"},
@@ -816,7 +640,6 @@ func TestCeilingBinMessagesNameTheFlag(t *testing.T) {
 	for _, args := range [][]string{
 		{"-ceiling-bin", bin, "-only", "unique,nokey"},
 		{"-ceiling-bin", bin, "-only", "unique", "-idem-bare"},
-		{"-ceiling-bin", bin, "-only", "unique", "-idem-ceiling", "redis"},
 	} {
 		code, out := parseFlagsStderr(t, args)
 		if code != exitUsage || !strings.Contains(out, "-ceiling-bin:") || strings.Contains(out, "-ceiling bin") {
