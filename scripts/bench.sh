@@ -4,16 +4,14 @@
 #   scripts/bench.sh [-quick] [-duration 8s] [-warmup 2s] [-rounds 2] [-conns 64]
 #                    [-only unique,replay,mixed,nokey,unique1k,json1k,open,info,mem] [-delays 0,2ms]
 #                    [-open-rate 0.5] [-open-duration 5s] [-open-warmup 1s] [-open-rounds N]
-#                    [-cpus wrk=0,proxy=1,upstream=1,redis=1] [-idem-bare] [-idem-bin PATH] [-ceiling strings]
-#                    [-idem-env KEY=VALUE]... [-ceiling-bin PATH [-ceiling-env KEY=VALUE]...] [-keep] [-v]
+#                    [-cpus wrk=0,proxy=1,upstream=1,redis=1] [-idem-bare] [-idem-bin PATH]
+#                    [-idem-env KEY=VALUE]... [-ab-bin PATH] [-ab-env KEY=VALUE]... [-keep] [-v]
 #
 # open: the unique workload at a fixed rate (open loop, internal/bench/openloop with the vegeta
 # library) against both proxies; info: idemproxy at LOG_LEVEL=info against warn (not in the
 # default set).
-# -ceiling strings: idemproxy itself with RECORD_FORMAT=string as a third target in every
-# closed-loop round.
-# -ceiling-bin PATH: a second idemproxy binary as that third target, reported as idem(B), with -idem-env and then
-# -ceiling-env: two builds alternate round by round in one run, the way to see a change of a few µs per request.
+# A/B: -ab-bin PATH and/or -ab-env KEY=VALUE add build B (that binary, or idemproxy's with that
+# environment) to every closed-loop round, so two builds alternate round by round in one run.
 #
 # Needs go, wrk, redis-server and taskset (wrk and redis-server are installed with apt-get when
 # missing and running as root). The driver is internal/bench/run; `scripts/bench.sh -h` lists every flag.

@@ -71,16 +71,13 @@ type config struct {
 	idemBare bool     // put a second bare proxy in idemproxy's slot (harness self-test)
 	idemBin  string   // prebuilt idemproxy binary instead of building the tree
 	idemEnv  []string // extra KEY=VALUE for idemproxy
-	// ceiling adds a third target to every closed-loop round, so that bare,
-	// idemproxy and it alternate in one run: ceilingStrings or ceilingTwin.
-	// "" for none.
-	ceiling string
-	// twinBin and twinEnv are -ceiling-bin and -ceiling-env: a second
-	// idemproxy binary, and what its environment gets beyond -idem-env, as the
-	// third target (ceiling ceilingTwin), so that two builds of idemproxy
-	// alternate round by round in one run, paired as the third target is.
-	twinBin string
-	twinEnv []string
+	// ab adds build B, a second idemproxy, as a third target to every
+	// closed-loop round, so that bare, idemproxy (A) and B alternate round
+	// by round in one run: B is abBin (A's binary when "") with -idem-env
+	// and then abEnv in its environment.
+	ab    bool
+	abBin string
+	abEnv []string
 
 	memSlack  int64 // bytes of RSS growth allowed beyond MAX_STORED_RESPONSE_BYTES
 	maxStored int64 // MAX_STORED_RESPONSE_BYTES in effect
@@ -164,12 +161,11 @@ func parseFlags(args []string) (*config, int) {
 	cpus := fs.String("cpus", "wrk=0,proxy=1,upstream=1,redis=1", "taskset cpu list per role")
 	fs.BoolVar(&cfg.idemBare, "idem-bare", false, "self-test: a second bare proxy takes idemproxy's slot (ratios show the noise floor)")
 	fs.StringVar(&cfg.idemBin, "idem-bin", "", "benchmark this idemproxy binary instead of building the tree")
-	fs.StringVar(&cfg.ceiling, "ceiling", "", "strings: idemproxy itself with RECORD_FORMAT=string as a third target to the closed-loop rounds, reported as idem(string); -only unique,replay,mixed")
 	var idemEnv listFlag
 	fs.Var(&idemEnv, "idem-env", "extra KEY=VALUE in idemproxy's environment (repeatable)")
-	fs.StringVar(&cfg.twinBin, "ceiling-bin", "", "a second idemproxy binary as the third target (implies -ceiling "+ceilingTwin+"): two builds alternate round by round in one run, with -idem-env, reported as idem(B); -only unique,replay,mixed")
-	var twinEnv listFlag
-	fs.Var(&twinEnv, "ceiling-env", "extra KEY=VALUE in -ceiling-bin's environment, after -idem-env's (repeatable)")
+	fs.StringVar(&cfg.abBin, "ab-bin", "", "A/B: run this second idemproxy binary, B, in every closed-loop round too")
+	var abEnv listFlag
+	fs.Var(&abEnv, "ab-env", "A/B: extra KEY=VALUE for B, after -idem-env (repeatable; alone: B is A's binary)")
 	memSlackMiB := fs.Float64("mem-slack", 4, "MiB of RSS growth allowed on top of MAX_STORED_RESPONSE_BYTES in the 10 MiB check")
 	fs.IntVar(&cfg.slowN, "slow-n", 1000, "concurrent slow requests of the memory check")
 	fs.DurationVar(&cfg.slow, "slow", 2*time.Second, "how long the upstream holds each slow request")
@@ -184,9 +180,9 @@ func parseFlags(args []string) (*config, int) {
 		fmt.Fprintf(os.Stderr, "bench: unexpected arguments %q\n", fs.Args())
 		return cfg, exitUsage
 	}
+	set := map[string]bool{} // the flags given
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if *quick { // without overriding what is given explicitly
-		set := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		if !set["duration"] {
 			cfg.duration = 2 * time.Second
 		}
@@ -278,45 +274,33 @@ func parseFlags(args []string) (*config, int) {
 		}
 	}
 	cfg.idemEnv = idemEnv
-	for _, kv := range twinEnv {
+	for _, kv := range abEnv {
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
-			bad = append(bad, fmt.Sprintf("-ceiling-env: want KEY=VALUE, got %q", kv))
+			bad = append(bad, fmt.Sprintf("-ab-env: want KEY=VALUE, got %q", kv))
 		}
 	}
-	cfg.twinEnv = twinEnv
-	switch {
-	case cfg.twinBin != "" && cfg.ceiling != "" && cfg.ceiling != ceilingTwin:
-		bad = append(bad, fmt.Sprintf("-ceiling-bin: not with -ceiling %s (the third target is one or the other)", cfg.ceiling))
-	case cfg.twinBin != "":
-		cfg.ceiling = ceilingTwin
-		if fi, err := os.Stat(cfg.twinBin); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
-			bad = append(bad, fmt.Sprintf("-ceiling-bin: %q is not an executable file", cfg.twinBin))
+	cfg.abEnv = abEnv
+	cfg.ab = cfg.abBin != "" || len(abEnv) > 0
+	if cfg.abBin != "" {
+		if fi, err := os.Stat(cfg.abBin); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+			bad = append(bad, fmt.Sprintf("-ab-bin: %q is not an executable file", cfg.abBin))
 		}
-	case cfg.ceiling == ceilingTwin:
-		bad = append(bad, "-ceiling "+ceilingTwin+": give the binary with -ceiling-bin")
-	case len(twinEnv) > 0:
-		bad = append(bad, "-ceiling-env: only with -ceiling-bin")
 	}
-	if cfg.ceiling != "" {
-		// The flag the user gave, for the messages: -ceiling-bin sets the mode.
-		given := "-ceiling " + cfg.ceiling
-		if cfg.ceiling == ceilingTwin {
-			given = "-ceiling-bin"
-		}
-		if cfg.ceiling != ceilingStrings && cfg.ceiling != ceilingTwin {
-			bad = append(bad, fmt.Sprintf("-ceiling: %q (want %s)", cfg.ceiling, ceilingStrings))
+	if cfg.ab {
+		if !set["only"] { // the closed-loop workloads only: B has no open-loop or memory rounds
+			cfg.workloads, cfg.mem = []string{"unique", "replay", "mixed"}, false
 		}
 		if cfg.idemBare {
-			bad = append(bad, given+": not with -idem-bare")
+			bad = append(bad, "-ab-bin, -ab-env: not with -idem-bare")
 		}
-		ok := []string{"unique", "replay", "mixed"}
+		ok := []string{"unique", "replay", "mixed", "nokey", "unique1k", "json1k"}
 		for _, w := range cfg.workloads {
 			if !slices.Contains(ok, w) {
-				bad = append(bad, fmt.Sprintf("%s: workload %q has no third-target round (want -only %s)", given, w, strings.Join(ok, ",")))
+				bad = append(bad, fmt.Sprintf("-ab-bin, -ab-env: %s has no B rounds (want -only from %s)", w, strings.Join(ok, ",")))
 			}
 		}
 		if cfg.mem {
-			bad = append(bad, fmt.Sprintf("%s: workload \"mem\" has no third-target round (want -only %s)", given, strings.Join(ok, ",")))
+			bad = append(bad, fmt.Sprintf("-ab-bin, -ab-env: mem has no B rounds (want -only from %s)", strings.Join(ok, ",")))
 		}
 	}
 	cfg.memSlack = int64(*memSlackMiB * (1 << 20))
@@ -341,7 +325,7 @@ type bench struct {
 	ncpu    int // cpus in /proc/stat
 
 	upstreamBin, bareBin, idemBin string
-	twinBin                       string // -ceiling-bin, absolute
+	abBin                         string // build B's binary, absolute
 	openBin                       string // the fixed-rate generator (internal/bench/openloop)
 	script, eventTpl              string
 	redisAddr                     string
@@ -501,11 +485,14 @@ func (b *bench) setup(ctx context.Context) error {
 			return fmt.Errorf("go build -o %s . (idemproxy) failed: %w\n%s\n(use -idem-bare to test the harness alone)", b.idemBin, err, out)
 		}
 	}
-	if cfg.twinBin != "" {
-		if b.twinBin, err = filepath.Abs(cfg.twinBin); err != nil {
+	b.abBin = b.idemBin
+	if cfg.abBin != "" {
+		if b.abBin, err = filepath.Abs(cfg.abBin); err != nil {
 			return err
 		}
-		logf("-ceiling-bin: %s alternates with idemproxy (%s) as the third target, idem(B)", b.twinBin, b.idemBin)
+	}
+	if cfg.ab {
+		logf("A/B: B (%s, %q) alternates with idemproxy (%s)", b.abBin, cfg.abEnv, b.idemBin)
 	}
 	b.script = filepath.Join(cfg.workdir, "workload.lua")
 	if err := os.WriteFile(b.script, []byte(workloadLua), 0o644); err != nil {
@@ -809,8 +796,8 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 			env = append(env, "LOG_LEVEL=warn")
 		}
 		bin := b.idemBin
-		if b.ceilingMode(kind) == ceilingTwin {
-			bin = b.twinBin
+		if kind == "b" {
+			bin = b.abBin
 		}
 		t.p, err = b.startProxy(kind, env, logPath, bin)
 		ready = func() error { return b.get("http://" + admin + "/readyz") }
@@ -831,7 +818,7 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 // Start returns, and perf reads its symbols). Two copies of one idemproxy
 // binary, each kept for a whole run, differed by 8 to 10 % in req/s and 7 to
 // 11 µs of CPU per first request, and the faster file stayed faster when the
-// two swapped slots (2026-11-25, -ceiling-bin): code runs from the page
+// two swapped slots (2026-11-25, an A/B run): code runs from the page
 // cache's pages of its file, wherever they happen to lie, for as long as the
 // file stays cached. A copy per process turns that into noise from round to
 // round, which the medians take, instead of a bias for a whole run.
@@ -872,47 +859,15 @@ func copyFile(dst, src string) error {
 	return out.Close()
 }
 
-// ceilingStrings, as -ceiling, makes the third target idemproxy itself with
-// RECORD_FORMAT=string: the two record formats alternate in one run.
-const ceilingStrings = "strings"
-
-// ceilingTwin, as -ceiling, makes the third target the idemproxy binary of
-// -ceiling-bin (set by it).
-const ceilingTwin = "bin"
-
 // idemExtraEnv is what idemproxy's environment gets beyond the bench's own
 // when it runs as target kind in workload wl: -idem-env (with the
-// workload's routes), and RECORD_FORMAT=string as -ceiling strings' third
-// target, over any -idem-env RECORD_FORMAT; -ceiling-env as -ceiling-bin's,
-// over -idem-env too.
+// workload's routes), and for build B -ab-env after it.
 func (b *bench) idemExtraEnv(kind, wl string) []string {
 	env := idemEnvFor(b.cfg.idemEnv, wl)
-	switch b.ceilingMode(kind) {
-	case ceilingStrings:
-		env = append(env, "RECORD_FORMAT=string")
-	case ceilingTwin:
-		env = append(env, b.cfg.twinEnv...)
+	if kind == "b" {
+		env = append(env, b.cfg.abEnv...)
 	}
 	return env
-}
-
-// ceilingName is how the report names -ceiling's third target.
-func ceilingName(mode string) string {
-	switch mode {
-	case ceilingStrings:
-		return "idem(string)"
-	case ceilingTwin:
-		return "idem(B)"
-	}
-	return mode
-}
-
-// ceilingMode is the third target's mode when target kind is it, else "".
-func (b *bench) ceilingMode(kind string) string {
-	if kind == "ceil" {
-		return b.cfg.ceiling
-	}
-	return ""
 }
 
 // get succeeds on a 2xx answer.

@@ -115,9 +115,9 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s/bare\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t\t\t\t\n", r.workload, delay, idemName,
 				rs["req/s"], rs["p50"], rs["p99"], rs["cpu"], rs["rss"])
-			if len(r.ceil) > 0 {
-				ceilName := ceilingName(cfg.ceiling)
-				row(ceilName, r.ceil)
+			if len(r.b) > 0 {
+				ceilName := "idem(B)"
+				row(ceilName, r.b)
 				ratios := func(name string, num, den []sample) {
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t\t\t\t\n", r.workload, delay, name,
 						ratioOf(num, den, func(s sample) float64 { return s.rps }),
@@ -126,15 +126,15 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 						ratioOf(num, den, func(s sample) float64 { return s.cpuUs }),
 						ratioOf(num, den, func(s sample) float64 { return s.rssMiB }))
 				}
-				ratios(ceilName+"/bare", r.ceil, r.bare)
-				ratios(idemName+"/"+ceilName, r.idem, r.ceil)
+				ratios(ceilName+"/bare", r.b, r.bare)
+				ratios(idemName+"/"+ceilName, r.idem, r.b)
 				var pairs []string
-				for i := 0; i < len(r.bare) && i < len(r.idem) && i < len(r.ceil); i++ {
-					pairs = append(pairs, fmt.Sprintf("%.2f/%.2f", r.idem[i].rps/r.bare[i].rps, r.ceil[i].rps/r.bare[i].rps))
+				for i := 0; i < len(r.bare) && i < len(r.idem) && i < len(r.b); i++ {
+					pairs = append(pairs, fmt.Sprintf("%.2f/%.2f", r.idem[i].rps/r.bare[i].rps, r.b[i].rps/r.bare[i].rps))
 				}
 				below = append(below, fmt.Sprintf("%-6s delay %-4s req/s ratio to bare per round, idem/%s: %s", r.workload, delay, ceilName, strings.Join(pairs, " ")))
-				if c := cmdsLine(r.ceil); c != "" {
-					cmds = append(cmds, fmt.Sprintf("%-6s delay %-4s %s: %s%s%s", r.workload, delay, ceilName, c, readsLine(r.ceil), keyBytesLine(r.ceil)))
+				if c := cmdsLine(r.b); c != "" {
+					cmds = append(cmds, fmt.Sprintf("%-6s delay %-4s %s: %s%s%s", r.workload, delay, ceilName, c, readsLine(r.b), keyBytesLine(r.b)))
 				}
 			}
 		}
@@ -186,9 +186,9 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 		fmt.Fprintln(w, "NOTE:", n)
 	}
 	fmt.Fprintln(w)
-	if b.twinBin != "" {
+	if b.cfg.ab {
 		// The saved report names the two builds it compared.
-		fmt.Fprintf(w, "builds: idem %s; idem(B) %s, -ceiling-env %q\n", b.idemBin, b.twinBin, b.cfg.twinEnv)
+		fmt.Fprintf(w, "builds: idem %s; idem(B) %s, -ab-env %q\n", b.idemBin, b.abBin, b.cfg.abEnv)
 	}
 	fmt.Fprintln(w, "cores: "+b.coresLine())
 	fmt.Fprintln(w, "machine: "+b.machineLine(steal, load))

@@ -43,7 +43,7 @@ type result struct {
 	workload   string
 	delay      time.Duration
 	bare, idem []sample
-	ceil       []sample // -ceiling: the ceiling proxy's rounds, else none
+	b          []sample // build B's rounds (-ab-bin, -ab-env), else none
 }
 
 // delayGroup runs every workload against an upstream with this delay.
@@ -60,7 +60,7 @@ func (b *bench) delayGroup(ctx context.Context, delay time.Duration) ([]result, 
 		}
 		res := result{workload: wl, delay: delay}
 		for r := 0; r < b.cfg.rounds; r++ {
-			for _, kind := range roundOrder(r, b.cfg.ceiling != "") {
+			for _, kind := range roundOrder(r, b.cfg.ab) {
 				s, err := b.round(ctx, up, wl, kind, r, delay)
 				if err != nil {
 					if len(res.bare) > 0 && len(res.idem) > 0 {
@@ -72,8 +72,8 @@ func (b *bench) delayGroup(ctx context.Context, delay time.Duration) ([]result, 
 				switch kind {
 				case "bare":
 					res.bare = append(res.bare, s)
-				case "ceil":
-					res.ceil = append(res.ceil, s)
+				case "b":
+					res.b = append(res.b, s)
 				default:
 					res.idem = append(res.idem, s)
 				}
@@ -100,8 +100,8 @@ func (b *bench) delayGroup(ctx context.Context, delay time.Duration) ([]result, 
 // of any two goes before the other three times: a rotation alone (the first
 // three) puts idemproxy before the third target in two rounds of three, and
 // a drift of the machine's speed during a run would favour one of them.
-func roundOrder(r int, ceiling bool) []string {
-	if !ceiling {
+func roundOrder(r int, third bool) []string {
+	if !third {
 		if r%2 == 1 {
 			return []string{"idem", "bare"}
 		}
@@ -111,12 +111,12 @@ func roundOrder(r int, ceiling bool) []string {
 }
 
 var thirdTargetOrders = [...][]string{
-	{"bare", "idem", "ceil"},
-	{"idem", "ceil", "bare"},
-	{"ceil", "bare", "idem"},
-	{"bare", "ceil", "idem"},
-	{"ceil", "idem", "bare"},
-	{"idem", "bare", "ceil"},
+	{"bare", "idem", "b"},
+	{"idem", "b", "bare"},
+	{"b", "bare", "idem"},
+	{"bare", "b", "idem"},
+	{"b", "idem", "bare"},
+	{"idem", "bare", "b"},
 }
 
 // logSample prints one measured wrk round on stderr.

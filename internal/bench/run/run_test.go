@@ -507,7 +507,7 @@ func TestRoundOrder(t *testing.T) {
 	before := map[[2]string]int{}
 	for r := range 6 {
 		o := roundOrder(r, true)
-		if len(o) != 3 || !slices.Contains(o, "bare") || !slices.Contains(o, "idem") || !slices.Contains(o, "ceil") {
+		if len(o) != 3 || !slices.Contains(o, "bare") || !slices.Contains(o, "idem") || !slices.Contains(o, "b") {
 			t.Fatalf("round %d: %q", r, o)
 		}
 		for i, k := range o {
@@ -517,7 +517,7 @@ func TestRoundOrder(t *testing.T) {
 			}
 		}
 	}
-	for _, k := range []string{"bare", "idem", "ceil"} {
+	for _, k := range []string{"bare", "idem", "b"} {
 		p3 := slices.Sorted(slices.Values(pos[k][:3]))
 		p6 := slices.Sorted(slices.Values(pos[k]))
 		if !slices.Equal(p3, []int{0, 1, 2}) || !slices.Equal(p6, []int{0, 0, 1, 1, 2, 2}) {
@@ -536,59 +536,27 @@ func TestRoundOrder(t *testing.T) {
 	}
 }
 
-func TestParseFlagsCeiling(t *testing.T) {
-	if cfg, code := parseFlags([]string{"-ceiling", "strings", "-only", "unique,mixed"}); code >= 0 || cfg.ceiling != "strings" || ceilingName(cfg.ceiling) != "idem(string)" {
-		t.Errorf("-ceiling strings -only unique,mixed: code %d, ceiling %q", code, cfg.ceiling)
-	}
-	for _, bad := range [][]string{
-		{"-ceiling", "strings"}, // the default set has open and mem
-		{"-ceiling", "strings", "-only", "unique,open"},
-		{"-ceiling", "redis", "-only", "unique"},
-		{"-ceiling", "strings", "-only", "unique", "-idem-bare"},
-	} {
-		if _, code := parseFlags(bad); code != exitUsage {
-			t.Errorf("parseFlags(%q): exit code %d, want %d", bad, code, exitUsage)
-		}
-	}
-}
-
-// With -ceiling strings the third target is idemproxy with RECORD_FORMAT=string,
-// last, over an -idem-env one; idemproxy's own rounds keep -idem-env's.
-func TestCeilingStringsEnv(t *testing.T) {
-	cfg, code := parseFlags([]string{"-ceiling", "strings", "-only", "unique", "-idem-env", "RECORD_FORMAT=hash"})
-	if code >= 0 {
-		t.Fatalf("parseFlags: code %d", code)
-	}
-	b := &bench{cfg: cfg}
-	if got, want := b.idemExtraEnv("ceil", "unique"), []string{"RECORD_FORMAT=hash", "RECORD_FORMAT=string"}; !slices.Equal(got, want) {
-		t.Errorf("third target's env %q, want %q", got, want)
-	}
-	if got, want := b.idemExtraEnv("idem", "unique"), []string{"RECORD_FORMAT=hash"}; !slices.Equal(got, want) {
-		t.Errorf("idemproxy's env %q, want %q", got, want)
-	}
-}
-
-// -ceiling-bin makes a second idemproxy binary the third target: it implies
-// -ceiling bin, its environment is -idem-env's and then -ceiling-env's, and
-// idemproxy's own rounds get only -idem-env's.
-func TestCeilingBin(t *testing.T) {
+// -ab-bin and -ab-env add build B as a third target: B runs -ab-bin (A's
+// binary without it) with -idem-env and then -ab-env, A with -idem-env only;
+// without -only the closed-loop workloads run, which are the ones B has.
+func TestParseFlagsAB(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "idemproxy-b")
 	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cfg, code := parseFlags([]string{"-ceiling-bin", bin, "-only", "unique,replay", "-idem-env", "RECORD_FORMAT=hash", "-ceiling-env", "RECORD_FORMAT=string", "-ceiling-env", "GOGC=200"})
-	if code >= 0 || cfg.ceiling != ceilingTwin || cfg.twinBin != bin || ceilingName(cfg.ceiling) != "idem(B)" {
-		t.Fatalf("-ceiling-bin: code %d, ceiling %q, binary %q, name %q", code, cfg.ceiling, cfg.twinBin, ceilingName(cfg.ceiling))
+	cfg, code := parseFlags([]string{"-ab-bin", bin, "-idem-env", "RECORD_FORMAT=hash", "-ab-env", "RECORD_FORMAT=string", "-ab-env", "GOGC=200"})
+	if code >= 0 || !cfg.ab || cfg.abBin != bin || !slices.Equal(cfg.workloads, []string{"unique", "replay", "mixed"}) || cfg.mem {
+		t.Fatalf("-ab-bin: code %d, ab %v, binary %q, workloads %q, mem %v", code, cfg.ab, cfg.abBin, cfg.workloads, cfg.mem)
 	}
 	b := &bench{cfg: cfg}
-	if got, want := b.idemExtraEnv("ceil", "unique"), []string{"RECORD_FORMAT=hash", "RECORD_FORMAT=string", "GOGC=200"}; !slices.Equal(got, want) {
-		t.Errorf("third target's env %q, want %q", got, want)
+	if got, want := b.idemExtraEnv("b", "unique"), []string{"RECORD_FORMAT=hash", "RECORD_FORMAT=string", "GOGC=200"}; !slices.Equal(got, want) {
+		t.Errorf("B's env %q, want %q", got, want)
 	}
 	if got, want := b.idemExtraEnv("idem", "unique"), []string{"RECORD_FORMAT=hash"}; !slices.Equal(got, want) {
-		t.Errorf("idemproxy's env %q, want %q", got, want)
+		t.Errorf("A's env %q, want %q", got, want)
 	}
-	if _, code := parseFlags([]string{"-ceiling", ceilingTwin, "-ceiling-bin", bin, "-only", "unique"}); code >= 0 {
-		t.Errorf("-ceiling bin -ceiling-bin: exit code %d, want none", code)
+	if cfg, code := parseFlags([]string{"-ab-env", "RECORD_FORMAT=string", "-only", "unique,json1k"}); code >= 0 || !cfg.ab || cfg.abBin != "" {
+		t.Errorf("-ab-env alone: code %d, ab %v, binary %q", code, cfg.ab, cfg.abBin)
 	}
 
 	notExec := filepath.Join(t.TempDir(), "plain")
@@ -596,54 +564,17 @@ func TestCeilingBin(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, bad := range [][]string{
-		{"-ceiling-bin", bin},                         // the default set has open and mem
-		{"-ceiling-bin", bin, "-only", "unique,open"}, // no third target in the open loop
-		{"-ceiling-bin", bin, "-only", "unique", "-ceiling", "strings"},
-		{"-ceiling-bin", bin, "-only", "unique", "-idem-bare"},
-		{"-ceiling-bin", filepath.Join(t.TempDir(), "missing"), "-only", "unique"},
-		{"-ceiling-bin", notExec, "-only", "unique"},
-		{"-ceiling-bin", t.TempDir(), "-only", "unique"},
-		{"-ceiling", ceilingTwin, "-only", "unique"},
-		{"-ceiling-env", "GOGC=200", "-only", "unique"},
-		{"-ceiling-env", "GOGC=200", "-ceiling", "strings", "-only", "unique"},
-		{"-ceiling-bin", bin, "-ceiling-env", "GOGC", "-only", "unique"},
+		{"-ab-bin", bin, "-only", "unique,open"}, // B has no open-loop rounds
+		{"-ab-bin", bin, "-only", "unique,mem"},
+		{"-ab-env", "A=B", "-only", "info"},
+		{"-ab-bin", bin, "-only", "unique", "-idem-bare"},
+		{"-ab-bin", filepath.Join(t.TempDir(), "missing"), "-only", "unique"},
+		{"-ab-bin", notExec, "-only", "unique"},
+		{"-ab-bin", t.TempDir(), "-only", "unique"},
+		{"-ab-bin", bin, "-ab-env", "GOGC", "-only", "unique"},
 	} {
 		if _, code := parseFlags(bad); code != exitUsage {
 			t.Errorf("parseFlags(%q): exit code %d, want %d", bad, code, exitUsage)
-		}
-	}
-}
-
-// parseFlagsStderr runs parseFlags and returns what it wrote to stderr.
-func parseFlagsStderr(t *testing.T, args []string) (int, string) {
-	t.Helper()
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := os.Stderr
-	os.Stderr = w
-	_, code := parseFlags(args)
-	os.Stderr = old
-	_ = w.Close()
-	out, _ := io.ReadAll(r)
-	_ = r.Close()
-	return code, string(out)
-}
-
-// A refusal names the flag the user gave: -ceiling-bin, not the mode it sets.
-func TestCeilingBinMessagesNameTheFlag(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "idemproxy-b")
-	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, args := range [][]string{
-		{"-ceiling-bin", bin, "-only", "unique,nokey"},
-		{"-ceiling-bin", bin, "-only", "unique", "-idem-bare"},
-	} {
-		code, out := parseFlagsStderr(t, args)
-		if code != exitUsage || !strings.Contains(out, "-ceiling-bin:") || strings.Contains(out, "-ceiling bin") {
-			t.Errorf("parseFlags(%q): exit %d, %q: want a refusal naming -ceiling-bin", args, code, out)
 		}
 	}
 }
@@ -654,15 +585,15 @@ func TestReportNamesTheBuilds(t *testing.T) {
 	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cfg, code := parseFlags([]string{"-ceiling-bin", bin, "-ceiling-env", "RECORD_FORMAT=string", "-only", "unique", "-rounds", "1"})
+	cfg, code := parseFlags([]string{"-ab-bin", bin, "-ab-env", "RECORD_FORMAT=string", "-only", "unique", "-rounds", "1"})
 	if code >= 0 {
 		t.Fatalf("exit code %d", code)
 	}
-	b := &bench{cfg: cfg, idemBin: "/x/idem-a", twinBin: bin}
+	b := &bench{cfg: cfg, idemBin: "/x/idem-a", abBin: bin}
 	smp := sample{rps: 1000, cpuUs: 100, p50ms: 1, p99ms: 2, rssMiB: 20}
 	var sb strings.Builder
-	b.report(&sb, []result{{workload: "unique", bare: []sample{smp}, idem: []sample{smp}, ceil: []sample{smp}}}, nil, cpuTimes{}, "")
-	want := fmt.Sprintf("builds: idem /x/idem-a; idem(B) %s, -ceiling-env [\"RECORD_FORMAT=string\"]\n", bin)
+	b.report(&sb, []result{{workload: "unique", bare: []sample{smp}, idem: []sample{smp}, b: []sample{smp}}}, nil, cpuTimes{}, "")
+	want := fmt.Sprintf("builds: idem /x/idem-a; idem(B) %s, -ab-env [\"RECORD_FORMAT=string\"]\n", bin)
 	if !strings.Contains(sb.String(), want) {
 		t.Errorf("report has no %q:\n%s", want, sb.String())
 	}
