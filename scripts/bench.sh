@@ -3,7 +3,7 @@
 #
 #   scripts/bench.sh [-quick] [-duration 8s] [-warmup 2s] [-rounds 2] [-conns 64]
 #                    [-only unique,replay,mixed,nokey,unique1k,json1k,open,info,mem] [-delays 0,2ms]
-#                    [-open-rate 0.5] [-open-duration 5s] [-open-warmup 1s] [-open-rounds N]
+#                    [-open-rates 0.5] [-open-duration 5s] [-open-warmup 1s] [-open-rounds N]
 #                    [-cpus wrk=0,proxy=1,upstream=1,redis=1] [-idem-bare] [-idem-bin PATH]
 #                    [-idem-env KEY=VALUE]... [-ab-bin PATH] [-ab-env KEY=VALUE]... [-keep] [-v]
 #

@@ -66,7 +66,7 @@ type config struct {
 	openRounds   int           // open-loop rounds per target and delay
 	openDuration time.Duration // measured part of an open-loop round
 	openWarmup   time.Duration // warm-up at the same rate before it
-	openFrac     float64       // the fixed rate as a share of the bare proxy's closed-loop req/s
+	openFracs    []float64     // the fixed rates as shares of the bare proxy's closed-loop req/s
 
 	idemBare bool     // put a second bare proxy in idemproxy's slot (harness self-test)
 	idemBin  string   // prebuilt idemproxy binary instead of building the tree
@@ -155,7 +155,7 @@ func parseFlags(args []string) (*config, int) {
 	fs.IntVar(&cfg.openRounds, "open-rounds", 0, "open-loop rounds per target and delay (0: -rounds)")
 	fs.DurationVar(&cfg.openDuration, "open-duration", 5*time.Second, "measured duration of one open-loop round")
 	fs.DurationVar(&cfg.openWarmup, "open-warmup", time.Second, "warm-up at the fixed rate before each open-loop round (0 for none)")
-	fs.Float64Var(&cfg.openFrac, "open-rate", 0.5, "open-loop rate as a fraction of the bare proxy's median req/s in its unique wrk rounds at the same delay")
+	openRates := fs.String("open-rates", "0.5", "open-loop rates, comma-separated, as fractions of the bare proxy's unique req/s")
 	delays := fs.String("delays", "0,2ms", "comma-separated upstream service delays")
 	fs.IntVar(&cfg.nice, "nice", 0, "run wrk, the proxies, upstream and Redis at this niceness (e.g. -10, as root) so other work on a shared machine disturbs less")
 	cpus := fs.String("cpus", "wrk=0,proxy=1,upstream=1,redis=1", "taskset cpu list per role")
@@ -246,8 +246,16 @@ func parseFlags(args []string) (*config, int) {
 	if cfg.openRounds == 0 {
 		cfg.openRounds = cfg.rounds
 	}
-	if cfg.openRounds < 1 || cfg.openDuration < time.Second || cfg.openWarmup < 0 || cfg.openFrac <= 0 || cfg.openFrac > 2 {
-		bad = append(bad, "need -open-rounds >= 0, -open-duration >= 1s, -open-warmup >= 0, 0 < -open-rate <= 2")
+	if cfg.openRounds < 1 || cfg.openDuration < time.Second || cfg.openWarmup < 0 {
+		bad = append(bad, "need -open-rounds >= 0, -open-duration >= 1s, -open-warmup >= 0")
+	}
+	for _, f := range strings.Split(*openRates, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || v <= 0 || v > 2 {
+			bad = append(bad, fmt.Sprintf("-open-rates: %q is not a fraction in (0, 2]", f))
+			continue
+		}
+		cfg.openFracs = append(cfg.openFracs, v)
 	}
 	if cfg.duration < time.Second || cfg.warmup < 0 || cfg.rounds < 1 || cfg.conns < 1 || cfg.threads < 1 || cfg.threads > cfg.conns || cfg.primed < 1 || cfg.slowN < 1 {
 		bad = append(bad, "need -duration >= 1s, -warmup >= 0, -rounds >= 1, 1 <= -threads <= -conns, -primed >= 1, -slow-n >= 1")

@@ -40,9 +40,10 @@ type openSample struct {
 	errors                  []string
 }
 
-// openResult is the open-loop phase at one delay.
+// openResult is the open-loop phase at one delay and rate.
 type openResult struct {
 	delay      time.Duration
+	frac       float64   // the rate's share of capacity (-open-rates)
 	capacity   float64   // bare proxy's median req/s in its unique wrk rounds
 	capRounds  []float64 // those rounds' req/s, when measured by this phase (unique not selected)
 	rate       int       // requests per second sent
@@ -96,13 +97,14 @@ func openCapacity(rs []result) float64 {
 	return 0
 }
 
-// openPhase runs the open-loop rounds at one delay; rs holds this delay's
-// closed-loop results.
+// openPhase runs the open-loop rounds at one delay, one rate of
+// -open-rates after the other; rs holds this delay's closed-loop results.
 func (b *bench) openPhase(ctx context.Context, up *upstream, delay time.Duration, rs []result) error {
 	cfg := b.cfg
-	res := openResult{delay: delay, capacity: openCapacity(rs)}
-	if res.capacity == 0 {
-		logf("delay=%-4v open: unique is not selected: measuring the bare proxy's capacity with %d wrk round(s) of unique", delay, cfg.rounds)
+	capacity := openCapacity(rs)
+	var capRounds []float64
+	if capacity == 0 {
+		logf("delay=%v open: measuring the bare proxy's unique req/s first (%d round(s))", delay, cfg.rounds)
 		var caps []sample
 		for r := 0; r < cfg.rounds; r++ {
 			s, err := b.round(ctx, up, "unique", "bare", r, delay)
@@ -111,30 +113,40 @@ func (b *bench) openPhase(ctx context.Context, up *upstream, delay time.Duration
 			}
 			b.logSample(delay, "unique", r, "bare", s)
 			caps = append(caps, s)
-			res.capRounds = append(res.capRounds, s.rps)
+			capRounds = append(capRounds, s.rps)
 		}
-		res.capacity = median(caps, func(s sample) float64 { return s.rps })
+		capacity = median(caps, func(s sample) float64 { return s.rps })
 	}
-	res.rate = max(1, int(math.Round(res.capacity*cfg.openFrac)))
-	logf("delay=%-4v open: %d req/s (%.0f %% of the bare proxy's %.0f req/s), %d round(s) of %v per target",
-		delay, res.rate, 100*cfg.openFrac, res.capacity, cfg.openRounds, cfg.openDuration)
-	defer func() {
+	for _, frac := range cfg.openFracs {
+		res := openResult{delay: delay, frac: frac, capacity: capacity, capRounds: capRounds}
+		res.rate = max(1, int(math.Round(capacity*frac)))
+		logf("delay=%v open: %d req/s (%.0f %% of the bare proxy's %.0f req/s)", delay, res.rate, 100*frac, capacity)
+		err := b.openRounds(ctx, up, &res)
 		if len(res.bare) > 0 || len(res.idem) > 0 {
 			b.opens = append(b.opens, res)
 		}
-	}()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// openRounds runs res's rounds, bare and idemproxy alternating.
+func (b *bench) openRounds(ctx context.Context, up *upstream, res *openResult) error {
+	cfg := b.cfg
 	for r := 0; r < cfg.openRounds; r++ {
 		order := []string{"bare", "idem"}
 		if r%2 == 1 {
 			order = []string{"idem", "bare"}
 		}
 		for _, kind := range order {
-			s, err := b.openRound(ctx, up, kind, r, delay, res.rate)
+			s, err := b.openRound(ctx, up, kind, r, res.delay, res.rate)
 			if err != nil {
-				return fmt.Errorf("open delay=%v round %d %s: %w", delay, r+1, kind, err)
+				return fmt.Errorf("open delay=%v rate %d round %d %s: %w", res.delay, res.rate, r+1, kind, err)
 			}
 			logf("delay=%-4v open   round %d/%d %-4s %6.0f req/s sent, %6.0f answered/s, success %.4f  p50 %6.2fms  p90 %6.2fms  p99 %7.2fms  max %7.2fms  cpu %6.1fµs/req  redis %5.1fµs/req | busy: proxy's cpu %s; generator %.0f%%, other processes %.0f%% of a core, steal %.1f%%",
-				delay, r+1, cfg.openRounds, kind, s.rate, s.throughput, s.success, s.p50, s.p90, s.p99, s.max, s.cpuUs, s.redisUs, pct(s.proxyCPUBusyPct), s.genPct, s.otherPct, s.steal)
+				res.delay, r+1, cfg.openRounds, kind, s.rate, s.throughput, s.success, s.p50, s.p90, s.p99, s.max, s.cpuUs, s.redisUs, pct(s.proxyCPUBusyPct), s.genPct, s.otherPct, s.steal)
 			if kind == "bare" {
 				res.bare = append(res.bare, s)
 			} else {
@@ -164,7 +176,7 @@ func (b *bench) openRound(ctx context.Context, up *upstream, kind string, r int,
 	argv := pinned(cfg.nice, cfg.cpus["wrk"], b.openBin,
 		"-url", t.url+workloadPath("unique"), "-rate", strconv.Itoa(rate),
 		"-duration", cfg.openDuration.String(), "-warmup", cfg.openWarmup.String(),
-		"-key-prefix", roundTag(b.runID, delay, "open", r, kind), "-body", benchBody,
+		"-key-prefix", roundTag(b.runID, delay, "open"+strconv.Itoa(rate), r, kind), "-body", benchBody,
 		"-timeout", timeout.String())
 	// The generator prints MEASURE when its warm-up is over: the window
 	// starts there; it ends when the generator has its last answer.
@@ -246,7 +258,7 @@ func openReport(opens []openResult, cfg *config, idemName string) []string {
 	}
 	out := []string{
 		fmt.Sprintf("open loop (issue 14): the unique workload (a fresh Idempotency-Key per request) sent by vegeta (internal/bench/openloop, pinned to cpu %s) at a fixed rate,", cfg.cpus["wrk"]),
-		fmt.Sprintf("whatever the answers: %.0f %% of the bare proxy's median req/s in its unique wrk rounds at the same delay; %v warm-up at that rate, then %v measured;", 100*cfg.openFrac, cfg.openWarmup, cfg.openDuration),
+		fmt.Sprintf("whatever the answers: %.0f %% of the bare proxy's median req/s in its unique wrk rounds at the same delay; %v warm-up at that rate, then %v measured;", 100*opens[0].frac, cfg.openWarmup, cfg.openDuration),
 		fmt.Sprintf("medians of %d round(s) per target, rounds alternated, a fresh proxy process per round. Latency runs from each request's scheduled send.", cfg.openRounds),
 		"",
 	}
@@ -291,7 +303,7 @@ func openReport(opens []openResult, cfg *config, idemName string) []string {
 			other = append(other, fmt.Sprintf("%.0f/%.0f%%", o.bare[i].otherPct, o.idem[i].otherPct))
 			genMax = max(genMax, o.bare[i].genPct, o.idem[i].genPct)
 		}
-		capacity := fmt.Sprintf("rate %d req/s = %.0f %% of bare's %.0f req/s", o.rate, 100*cfg.openFrac, o.capacity)
+		capacity := fmt.Sprintf("rate %d req/s = %.0f %% of bare's %.0f req/s", o.rate, 100*o.frac, o.capacity)
 		if len(o.capRounds) > 0 {
 			var rr []string
 			for _, v := range o.capRounds {

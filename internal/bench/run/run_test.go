@@ -104,8 +104,11 @@ func TestParseFlags(t *testing.T) {
 	}
 	cfg, code = parseFlags(nil)
 	if code >= 0 || !slices.Equal(cfg.workloads, []string{"unique", "replay", "mixed", "open"}) || !cfg.mem ||
-		cfg.openRounds != 2 || cfg.openDuration != 5*time.Second || cfg.openFrac != 0.5 {
-		t.Errorf("defaults: code %d, workloads %q, mem %v, open rounds %d duration %v rate %v", code, cfg.workloads, cfg.mem, cfg.openRounds, cfg.openDuration, cfg.openFrac)
+		cfg.openRounds != 2 || cfg.openDuration != 5*time.Second || !slices.Equal(cfg.openFracs, []float64{0.5}) {
+		t.Errorf("defaults: code %d, workloads %q, mem %v, open rounds %d duration %v rates %v", code, cfg.workloads, cfg.mem, cfg.openRounds, cfg.openDuration, cfg.openFracs)
+	}
+	if cfg, code := parseFlags([]string{"-open-rates", "0.1, 0.25,0.5"}); code >= 0 || !slices.Equal(cfg.openFracs, []float64{0.1, 0.25, 0.5}) {
+		t.Errorf("-open-rates 0.1,0.25,0.5: code %d, rates %v", code, cfg.openFracs)
 	}
 	cfg, code = parseFlags([]string{"-quick", "-only", "open,info", "-rounds", "3"})
 	if code >= 0 || !slices.Equal(cfg.workloads, []string{"open", "info"}) || cfg.openRounds != 3 || cfg.openDuration != 2*time.Second {
@@ -116,7 +119,7 @@ func TestParseFlags(t *testing.T) {
 		t.Errorf("-only mem without delays: code %d, workloads %q, mem %v, delayed %v", code, cfg.workloads, cfg.mem, cfg.delayed())
 	}
 	for _, bad := range [][]string{{"-only", "nope"}, {"-delays", "x"}, {"-cpus", "wrk=0"}, {"-idem-env", "NOEQUALS"}, {"-rounds", "0"},
-		{"-open-rate", "0"}, {"-open-duration", "500ms"}, {"-open-rounds", "-1"}, {"-only", "unique,mem", "-delays", ""},
+		{"-open-rates", "0"}, {"-open-rates", "0.1,x"}, {"-open-rates", "3"}, {"-open-rates", ""}, {"-open-duration", "500ms"}, {"-open-rounds", "-1"}, {"-only", "unique,mem", "-delays", ""},
 		{"-only", "floor"}} {
 		if _, code := parseFlags(bad); code != exitUsage {
 			t.Errorf("parseFlags(%q): exit code %d, want %d", bad, code, exitUsage)
@@ -319,10 +322,10 @@ func TestOpenReport(t *testing.T) {
 		return openSample{rate: rate, throughput: rate, success: 1, p50: p50, p90: p50 * 2, p99: p99, max: p99 * 2, cpuUs: 50, proxyCPUBusyPct: 60}
 	}
 	opens := []openResult{
-		{delay: 0, capacity: 8000, rate: 4000,
+		{delay: 0, frac: 0.5, capacity: 8000, rate: 4000,
 			bare: []openSample{smp(4000, 0.30, 1.00), smp(4000, 0.40, 1.40)},
 			idem: []openSample{smp(4000, 0.45, 1.30), smp(4000, 0.55, 1.70)}}, // +0.15 / +0.30: both met
-		{delay: 2 * time.Millisecond, capacity: 6000, capRounds: []float64{6000}, rate: 3000,
+		{delay: 2 * time.Millisecond, frac: 0.5, capacity: 6000, capRounds: []float64{6000}, rate: 3000,
 			bare: []openSample{smp(3000, 2.3, 3.0), smp(2000, 2.3, 3.0)}, // round 2: generator behind
 			idem: []openSample{{rate: 3000, throughput: 1500, success: 0.9, p50: 900, p90: 1000, p99: 1200, max: 1300, errors: []string{"timeout"}}, smp(3000, 3.0, 9.0)}},
 	}
