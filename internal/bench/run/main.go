@@ -51,7 +51,6 @@ const defaultWorkloads = "unique,replay,mixed,open,mem"
 type config struct {
 	repo, workdir string
 	keep, verbose bool
-	perf          bool // profile idemproxy with perf during the warm-up of its first round
 
 	duration, warmup time.Duration
 	rounds           int
@@ -140,7 +139,6 @@ func parseFlags(args []string) (*config, int) {
 	fs.StringVar(&cfg.workdir, "workdir", "", "scratch directory for binaries and logs (default: a new temp dir); removed at the end unless -keep, if named idemproxy-bench.*")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the scratch directory (process logs)")
 	fs.BoolVar(&cfg.verbose, "v", false, "print wrk's output of every round")
-	fs.BoolVar(&cfg.perf, "perf", false, "profile the proxy's cpu with perf record during the warm-up of its first round per workload (not the measured window) and print the top symbols")
 	fs.DurationVar(&cfg.duration, "duration", 8*time.Second, "measured duration of one round (whole seconds)")
 	fs.DurationVar(&cfg.warmup, "warmup", 2*time.Second, "warm-up before each measured round (whole seconds, 0 for none)")
 	fs.IntVar(&cfg.rounds, "rounds", 2, "rounds per target; bare and idemproxy alternate, the table shows medians")
@@ -236,9 +234,6 @@ func parseFlags(args []string) (*config, int) {
 		if cfg.cpus[k] == "" {
 			bad = append(bad, fmt.Sprintf("-cpus: no cpu for %s", k))
 		}
-	}
-	if cfg.perf && cfg.warmup < time.Second {
-		bad = append(bad, "-perf profiles the warm-up: it needs -warmup >= 1s")
 	}
 	if cfg.nice < -20 || cfg.nice > 19 {
 		bad = append(bad, "-nice: want -20..19")
@@ -345,7 +340,6 @@ type bench struct {
 	notes    []string          // warnings printed under the table
 	opens    []openResult      // open-loop phases, one per delay
 	infos    []infoResult      // LOG_LEVEL=info phases, one per delay
-	profiles []string          // -perf reports, printed after the table
 }
 
 func (b *bench) main(ctx context.Context) int {
@@ -441,9 +435,6 @@ func (b *bench) setup(ctx context.Context) error {
 	cfg := b.cfg
 	if err := ensureTools(ctx); err != nil {
 		return err
-	}
-	if _, err := exec.LookPath("perf"); cfg.perf && err != nil {
-		return errors.New("-perf: perf not found (Debian: apt-get install linux-perf)")
 	}
 	repo, err := filepath.Abs(cfg.repo)
 	if err != nil {
@@ -823,7 +814,7 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 
 // startProxy starts a proxy under test from a fresh copy of bin, made for
 // this process and removed when it exits (not before: taskset execs it after
-// Start returns, and perf reads its symbols). Two copies of one idemproxy
+// Start returns). Two copies of one idemproxy
 // binary, each kept for a whole run, differed by 8 to 10 % in req/s and 7 to
 // 11 µs of CPU per first request, and the faster file stayed faster when the
 // two swapped slots (2026-11-25, an A/B run): code runs from the page
@@ -835,7 +826,7 @@ func (b *bench) startProxy(kind string, env []string, logPath, bin string, args 
 	if err != nil {
 		return nil, err
 	}
-	// The same base name: the kernel's comm (perf's process name) is the
+	// The same base name: the kernel's comm (a profiler's process name) is the
 	// file's.
 	cp := filepath.Join(dir, filepath.Base(bin))
 	if err := copyFile(cp, bin); err != nil {

@@ -4,16 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -119,10 +114,14 @@ var thirdTargetOrders = [...][]string{
 	{"idem", "bare", "b"},
 }
 
-// logSample prints one measured wrk round on stderr.
+// logSample prints one measured wrk round on stderr; -v adds the rest.
 func (b *bench) logSample(delay time.Duration, wl string, r int, kind string, s sample) {
-	logf("delay=%-4v %-6s round %d/%d %-4s %8.0f req/s  p50 %6.2fms  p99 %6.2fms  cpu %6.1fµs/req  rss %5.1fMiB  upstream/req %.2f  redis %5.1fµs/req  upstream %5.1fµs/req  new upstream conns %d  errors %d | busy: proxy's cpu %s, wrk's cpu %s; wrk itself %.0f%%, other processes %.0f%% of a core, steal %.1f%%",
-		delay, wl, r+1, b.cfg.rounds, kind, s.rps, s.p50ms, s.p99ms, s.cpuUs, s.rssMiB, s.upPerReq, s.redisUs, s.upstreamUs, s.upConns, s.errs, pct(s.proxyCPUBusyPct), pct(s.wrkCPUBusyPct), s.wrkPct, s.otherPct, s.stealPct)
+	logf("%s %s %d/%d %s: %.0f req/s, p99 %.2fms, cpu %.1fµs, redis %.1fµs, others %.0f%%",
+		wl, delayString(delay), r+1, b.cfg.rounds, kind, s.rps, s.p99ms, s.cpuUs, s.redisUs, s.otherPct)
+	if b.cfg.verbose {
+		logf("  p50 %.2fms, rss %.1fMiB, upstream/req %.2f, upstream %.1fµs/req, errors %d, busy: proxy's cpu %s, wrk's cpu %s; wrk itself %.0f%%, steal %.1f%%",
+			s.p50ms, s.rssMiB, s.upPerReq, s.upstreamUs, s.errs, pct(s.proxyCPUBusyPct), pct(s.wrkCPUBusyPct), s.wrkPct, s.stealPct)
+	}
 }
 
 func pct(v float64) string {
@@ -156,19 +155,7 @@ func (b *bench) round(ctx context.Context, up *upstream, wl, kind string, r int,
 		b.probe(ctx, url, pprefix, tag, wl)
 	}
 	if cfg.warmup > 0 {
-		var perf *proc
-		perfData := filepath.Join(cfg.workdir, fmt.Sprintf("perf-%s-%dus.data", wl, delay.Microseconds()))
-		if cfg.perf && kind == "idem" && r == 0 {
-			if perf, err = b.startPerf(ctx, perfData); err != nil {
-				return sample{}, err
-			}
-		}
-		_, _, err := b.wrk.run(ctx, url, wl, tag+"-w", pprefix, cfg.primed, cfg.warmup)
-		if perf != nil {
-			perf.stop() // SIGTERM: perf writes its data and exits
-			b.profiles = append(b.profiles, b.perfReport(ctx, perfData, fmt.Sprintf("%s delay %v", wl, delay)))
-		}
-		if err != nil {
+		if _, _, err := b.wrk.run(ctx, url, wl, tag+"-w", pprefix, cfg.primed, cfg.warmup); err != nil {
 			return sample{}, fmt.Errorf("warm-up: %w", err)
 		}
 	}
@@ -376,86 +363,4 @@ func median[T any](ss []T, f func(T) float64) float64 {
 		return v[n/2]
 	}
 	return (v[n/2-1] + v[n/2]) / 2
-}
-
-// startPerf starts perf record on the proxy's cpu and returns once perf has
-// acknowledged that its events are enabled (perf takes a while to start on a
-// loaded machine; the warm-up must not begin before it samples).
-func (b *bench) startPerf(ctx context.Context, data string) (*proc, error) {
-	ctl, ack := data+".ctl", data+".ack"
-	for _, f := range []string{ctl, ack} {
-		if err := syscall.Mkfifo(f, 0o600); err != nil {
-			return nil, fmt.Errorf("mkfifo %s: %w", f, err)
-		}
-	}
-	// O_RDWR: opening a fifo this way never blocks waiting for the other end.
-	fc, err := os.OpenFile(ctl, os.O_RDWR, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer fc.Close()
-	fa, err := os.OpenFile(ack, os.O_RDWR, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer fa.Close()
-	p, err := b.procs.start("perf", b.cfg.cpus["wrk"], baseEnv(), data+".log", "perf", "record",
-		"-F", "999", "-g", "-D", "-1", "--control", "fifo:"+ctl+","+ack, "-o", data, "-C", b.cfg.cpus["proxy"])
-	if err != nil {
-		return nil, err
-	}
-	if _, err := fc.WriteString("enable\n"); err != nil {
-		p.stop()
-		return nil, err
-	}
-	_ = fa.SetReadDeadline(time.Now().Add(20 * time.Second))
-	buf := make([]byte, 4)
-	if _, err := io.ReadFull(fa, buf); err != nil || string(buf) != "ack\n" {
-		p.stop()
-		return nil, fmt.Errorf("perf record did not acknowledge enable (%q, %v); log:\n%s", buf, err, p.logTail(10))
-	}
-	return p, nil
-}
-
-// perfReport summarises a perf recording of the proxy's cpu: the share of
-// each process; the proxy's functions from github.com packages (its own and
-// its dependencies), net/http/httputil, encoding and crypto with the share of
-// the proxy's samples spent in them and their callees; the top self-time
-// symbols.
-func (b *bench) perfReport(ctx context.Context, data, title string) string {
-	comm := filepath.Base(b.idemBin)
-	if len(comm) > 15 {
-		comm = comm[:15] // the kernel's comm is 15 bytes
-	}
-	report := func(max int, keep func(string) bool, args ...string) string {
-		args = append([]string{"report", "-i", data, "--stdio", "-g", "none", "--percent-limit", "1"}, args...)
-		out, err := exec.CommandContext(ctx, "perf", args...).CombinedOutput()
-		if err != nil {
-			return fmt.Sprintf("    perf %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		var lines []string
-		for _, l := range strings.Split(string(out), "\n") {
-			if t := strings.TrimSpace(l); t == "" || strings.HasPrefix(t, "#") || !keep(t) {
-				continue
-			}
-			lines = append(lines, "    "+strings.Join(strings.Fields(l), " "))
-			if len(lines) == max {
-				break
-			}
-		}
-		return strings.Join(lines, "\n")
-	}
-	all := func(string) bool { return true }
-	interesting := func(l string) bool {
-		for _, p := range []string{"github.com/", "net/http/httputil", "encoding/", "crypto/", "runtime.gcBgMarkWorker "} {
-			if strings.Contains(l, p) {
-				return true
-			}
-		}
-		return strings.HasSuffix(l, "runtime.gcBgMarkWorker")
-	}
-	return fmt.Sprintf("  %s (%s)\n  cpu %s by process:\n%s\n  %s, inclusive (%% of %s's samples in the function and its callees, self %%):\n%s\n  %s, self time:\n%s",
-		title, data, b.cfg.cpus["proxy"], report(8, all, "--no-children", "--sort", "comm"),
-		comm, comm, report(30, interesting, "--children", "--comms", comm, "--percentage", "relative", "--sort", "sym"),
-		comm, report(12, all, "--no-children", "--comms", comm, "--percentage", "relative", "--sort", "dso,sym"))
 }
