@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Benchmark idemproxy against a bare httputil.ReverseProxy (issue 5); `make bench` runs this.
+# Benchmark idemproxy against a bare httputil.ReverseProxy; `make bench` runs this.
+# docs/performance.md says what it measures and how to read it.
 #
 #   scripts/bench.sh [-quick] [-duration 8s] [-warmup 2s] [-rounds 2] [-conns 64]
 #                    [-only unique,replay,mixed,nokey,unique1k,json1k,open,info,mem] [-delays 0,2ms]

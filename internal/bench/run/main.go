@@ -4,10 +4,11 @@
 // It builds idemproxy from the tree plus a fake upstream (internal/bench/upstream)
 // and a bare httputil.ReverseProxy with idemproxy's transport
 // (internal/bench/bareproxy), starts them and a real redis-server on 127.0.0.1,
-// drives each proxy with wrk (workload.lua), alternating bare and idemproxy
-// rounds, and prints one table of medians with the idemproxy/bare ratios,
-// followed by two memory checks. Absolute figures on a shared 2-core machine
-// are noise; the ratios, measured in the same run, are the result.
+// drives each proxy with wrk (workload.lua) and then at fixed rates
+// (internal/bench/openloop), alternating bare and idemproxy rounds, runs two
+// memory checks and prints the ratios of the medians. Absolute figures on a
+// shared 2-core machine are noise; the ratios, measured in the same run, are
+// the result. docs/performance.md describes the method and the results.
 package main
 
 import (
@@ -129,42 +130,41 @@ func parseFlags(args []string) (*config, int) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	cfg := &config{}
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: scripts/bench.sh [flags]  (make bench)\n\n"+
-			"Benchmarks idemproxy, built from the tree, against a bare httputil.ReverseProxy with the same transport,\n"+
-			"on 127.0.0.1 with wrk, a fake upstream and redis-server, and prints one table of ratios plus two memory checks.\n"+
-			"Exit status: 0 done, 1 harness error, 2 usage, 3 a memory check failed, 130 interrupted.\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "Usage: scripts/bench.sh [flags]  (make bench BENCH_FLAGS='...')\n\n"+
+			"Benchmarks idemproxy, built from the tree, against a bare httputil.ReverseProxy\n"+
+			"with the same transport, upstream and real Redis (docs/performance.md).\n"+
+			"Exit status: 0 done, 1 harness error, 2 usage, 3 a memory check failed,\n"+
+			"130 interrupted. A missed target does not fail the run.\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&cfg.repo, "repo", ".", "repository root (holds go.mod of github.com/idemproxy/idemproxy)")
-	fs.StringVar(&cfg.workdir, "workdir", "", "scratch directory for binaries and logs (default: a new temp dir); removed at the end unless -keep, if named idemproxy-bench.*")
+	fs.StringVar(&cfg.workdir, "workdir", "", "scratch directory for binaries and logs (default: a new one, removed at the end)")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the scratch directory (process logs)")
-	fs.BoolVar(&cfg.verbose, "v", false, "print wrk's output of every round")
+	fs.BoolVar(&cfg.verbose, "v", false, "print every round's figures, wrk's output and Redis's commands per request")
 	fs.DurationVar(&cfg.duration, "duration", 8*time.Second, "measured duration of one round (whole seconds)")
 	fs.DurationVar(&cfg.warmup, "warmup", 2*time.Second, "warm-up before each measured round (whole seconds, 0 for none)")
-	fs.IntVar(&cfg.rounds, "rounds", 2, "rounds per target; bare and idemproxy alternate, the table shows medians")
+	fs.IntVar(&cfg.rounds, "rounds", 2, "rounds per target, alternated; the report gives medians")
 	fs.IntVar(&cfg.conns, "conns", 64, "wrk connections")
 	fs.IntVar(&cfg.threads, "threads", 1, "wrk threads")
 	fs.IntVar(&cfg.primed, "primed", 100, "keys primed for the replay and mixed workloads")
 	quick := fs.Bool("quick", false, "smoke test: -duration 2s -warmup 1s -rounds 1 -open-duration 2s (unless given)")
-	only := fs.String("only", defaultWorkloads, "comma-separated workloads: unique, replay, mixed, nokey (no key), mem (memory checks), "+
-		"unique1k and json1k (a ~1 KiB Stripe-event body keyed by the Idempotency-Key header, or by its \"id\" through ROUTES key=json:/id; run both for the comparison of issue 11), "+
-		"open (unique at a fixed rate, open loop: latency added at -open-rate of the bare proxy's unique req/s; issue 14), "+
-		"info (unique through idemproxy at LOG_LEVEL=info against warn, the bench's level: the cost of the default access log; issue 14)")
+	only := fs.String("only", defaultWorkloads, "comma-separated workloads of "+strings.Join(allWorkloads, ", ")+
+		"\n(docs/performance.md says what each measures)")
 	fs.IntVar(&cfg.openRounds, "open-rounds", 0, "open-loop rounds per target and delay (0: -rounds)")
 	fs.DurationVar(&cfg.openDuration, "open-duration", 5*time.Second, "measured duration of one open-loop round")
 	fs.DurationVar(&cfg.openWarmup, "open-warmup", time.Second, "warm-up at the fixed rate before each open-loop round (0 for none)")
-	openRates := fs.String("open-rates", "0.5", "open-loop rates, comma-separated, as fractions of the bare proxy's unique req/s")
+	openRates := fs.String("open-rates", "0.5", "open-loop rates as fractions of the bare proxy's unique req/s")
 	delays := fs.String("delays", "0,2ms", "comma-separated upstream service delays")
-	fs.IntVar(&cfg.nice, "nice", 0, "run wrk, the proxies, upstream and Redis at this niceness (e.g. -10, as root) so other work on a shared machine disturbs less")
+	fs.IntVar(&cfg.nice, "nice", 0, "niceness of every process of the run (e.g. -10, as root)")
 	cpus := fs.String("cpus", "wrk=0,proxy=1,upstream=1,redis=1", "taskset cpu list per role")
-	fs.BoolVar(&cfg.idemBare, "idem-bare", false, "self-test: a second bare proxy takes idemproxy's slot (ratios show the noise floor)")
+	fs.BoolVar(&cfg.idemBare, "idem-bare", false, "self-test: a second bare proxy in idemproxy's place shows the noise")
 	fs.StringVar(&cfg.idemBin, "idem-bin", "", "benchmark this idemproxy binary instead of building the tree")
 	var idemEnv listFlag
 	fs.Var(&idemEnv, "idem-env", "extra KEY=VALUE in idemproxy's environment (repeatable)")
-	fs.StringVar(&cfg.abBin, "ab-bin", "", "A/B: run this second idemproxy binary, B, in every closed-loop round too")
+	fs.StringVar(&cfg.abBin, "ab-bin", "", "A/B: a second idemproxy binary, B, run in every closed-loop round too")
 	var abEnv listFlag
 	fs.Var(&abEnv, "ab-env", "A/B: extra KEY=VALUE for B, after -idem-env (repeatable; alone: B is A's binary)")
-	memSlackMiB := fs.Float64("mem-slack", 4, "MiB of RSS growth allowed on top of MAX_STORED_RESPONSE_BYTES in the 10 MiB check")
+	memSlackMiB := fs.Float64("mem-slack", 4, "MiB of RSS growth allowed over MAX_STORED_RESPONSE_BYTES, 10 MiB check")
 	fs.IntVar(&cfg.slowN, "slow-n", 1000, "concurrent slow requests of the memory check")
 	fs.DurationVar(&cfg.slow, "slow", 2*time.Second, "how long the upstream holds each slow request")
 	memLimitMiB := fs.Int64("mem-limit", 200, "MiB of peak RSS allowed in the slow-requests check")
@@ -535,7 +535,7 @@ func (b *bench) setup(ctx context.Context) error {
 
 // checkRoutes starts idemproxy once with the ROUTES of each selected workload
 // that has a rule of its own, before any round: a build that refuses the rule
-// (json1k's key=json:/id before issue 11) fails the run at once, saying why.
+// (an old build without json1k's key=json:/id) fails the run at once, saying why.
 func (b *bench) checkRoutes(ctx context.Context) error {
 	if b.cfg.idemBare {
 		return nil
@@ -558,7 +558,7 @@ func (b *bench) checkRoutes(ctx context.Context) error {
 			}
 			hint := ""
 			if strings.Contains(ew.rule, " key=") {
-				hint = "; the key= route option comes with issue 11: this idemproxy build may not have it yet." +
+				hint = "; this idemproxy build may be older than the key= route option." +
 					" Leave " + wl + " out of -only, or benchmark a build that has it with -idem-bin PATH"
 			}
 			return fmt.Errorf("workload %s: idemproxy refused to start with its ROUTES rule %q%s.\n%v", wl, ew.rule, hint, err)
@@ -814,13 +814,13 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 
 // startProxy starts a proxy under test from a fresh copy of bin, made for
 // this process and removed when it exits (not before: taskset execs it after
-// Start returns). Two copies of one idemproxy
-// binary, each kept for a whole run, differed by 8 to 10 % in req/s and 7 to
-// 11 µs of CPU per first request, and the faster file stayed faster when the
-// two swapped slots (2026-11-25, an A/B run): code runs from the page
-// cache's pages of its file, wherever they happen to lie, for as long as the
-// file stays cached. A copy per process turns that into noise from round to
-// round, which the medians take, instead of a bias for a whole run.
+// Start returns). Two copies of one idemproxy binary, each kept for a whole
+// run, differed by 8 to 10 % in req/s and 7 to 11 µs of CPU per first
+// request, and the faster file stayed faster when the two swapped slots of an
+// A/B run: code runs from the page cache's pages of its file, wherever they
+// happen to lie, for as long as the file stays cached. A copy per process
+// turns that into noise from round to round, which the medians take, instead
+// of a bias for a whole run.
 func (b *bench) startProxy(kind string, env []string, logPath, bin string, args ...string) (*proc, error) {
 	dir, err := os.MkdirTemp(b.cfg.workdir, "bin-")
 	if err != nil {

@@ -13,11 +13,11 @@ import (
 	"time"
 )
 
-// The open-loop phase (issue 14): the unique workload sent at a fixed rate,
-// whatever the answers, so that the latency a proxy adds shows at a load it
-// can carry, not only at saturation as in the closed-loop (wrk) rounds. The
-// rate is -open-rate of the bare proxy's median req/s in its unique wrk rounds
-// at the same delay, measured first in this run.
+// The open-loop phase: the unique workload sent at fixed rates, whatever the
+// answers, so that the latency a proxy adds shows at a load it can carry,
+// not only at saturation as in the closed-loop (wrk) rounds. Each rate is a
+// fraction (-open-rates) of the bare proxy's median req/s in its unique wrk
+// rounds at the same delay, measured first in this run.
 //
 // The generator is a separate binary (internal/bench/openloop, the vegeta
 // library) that the driver runs like wrk: under taskset on the load

@@ -675,10 +675,10 @@ func TestReportShortAndJudged(t *testing.T) {
 		{workload: "replay", bare: []sample{smp(19000, 38, 0, 6), smp(19000, 38, 0, 6)}, idem: []sample{smp(80000, 13, 0, 2), smp(79000, 13, 0, 2)}},
 		{workload: "unique", delay: 2 * time.Millisecond, bare: []sample{smp(14000, 36, 0, 6)}, idem: []sample{smp(8100, 66, 25.4, 9)}},
 	}
-	os := func(p50, p99 float64) openSample {
+	osmp := func(p50, p99 float64) openSample {
 		return openSample{rate: 9000, throughput: 9000, success: 1, p50: p50, p99: p99}
 	}
-	b.opens = []openResult{{frac: 0.5, capacity: 18000, rate: 9000, bare: []openSample{os(0.23, 1.56)}, idem: []openSample{os(412.2, 721.5)}}}
+	b.opens = []openResult{{frac: 0.5, capacity: 18000, rate: 9000, bare: []openSample{osmp(0.23, 1.56)}, idem: []openSample{osmp(412.2, 721.5)}}}
 	b.infos = []infoResult{{warn: []sample{{cpuUs: 80}, {cpuUs: 80}}, info: []sample{{cpuUs: 82}, {cpuUs: 83}}}}
 	mem := []memResult{{pass: true, lines: []string{"10 MiB answer …"}}}
 	var sb strings.Builder
