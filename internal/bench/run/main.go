@@ -223,16 +223,13 @@ func parseFlags(args []string) (*config, int) {
 	}
 	cfg.cpus = map[string]string{}
 	for _, kv := range strings.Split(*cpus, ",") {
-		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
-		if !ok || !slices.Contains([]string{"wrk", "proxy", "upstream", "redis"}, k) || v == "" {
-			bad = append(bad, fmt.Sprintf("-cpus: bad entry %q (want role=cpulist, roles wrk, proxy, upstream, redis)", kv))
-			continue
-		}
+		k, v, _ := strings.Cut(strings.TrimSpace(kv), "=")
 		cfg.cpus[k] = v
 	}
 	for _, k := range []string{"wrk", "proxy", "upstream", "redis"} {
-		if cfg.cpus[k] == "" {
-			bad = append(bad, fmt.Sprintf("-cpus: no cpu for %s", k))
+		if cfg.cpus[k] == "" || len(cfg.cpus) != 4 {
+			bad = append(bad, fmt.Sprintf("-cpus: %q: want role=cpulist for each of wrk, proxy, upstream, redis", *cpus))
+			break
 		}
 	}
 	if cfg.nice < -20 || cfg.nice > 19 {
@@ -290,20 +287,11 @@ func parseFlags(args []string) (*config, int) {
 		}
 	}
 	if cfg.ab {
-		if !set["only"] { // the closed-loop workloads only: B has no open-loop or memory rounds
+		if !set["only"] { // B has closed-loop rounds only
 			cfg.workloads, cfg.mem = []string{"unique", "replay", "mixed"}, false
 		}
-		if cfg.idemBare {
-			bad = append(bad, "-ab-bin, -ab-env: not with -idem-bare")
-		}
-		ok := []string{"unique", "replay", "mixed", "nokey", "unique1k", "json1k"}
-		for _, w := range cfg.workloads {
-			if !slices.Contains(ok, w) {
-				bad = append(bad, fmt.Sprintf("-ab-bin, -ab-env: %s has no B rounds (want -only from %s)", w, strings.Join(ok, ",")))
-			}
-		}
-		if cfg.mem {
-			bad = append(bad, fmt.Sprintf("-ab-bin, -ab-env: mem has no B rounds (want -only from %s)", strings.Join(ok, ",")))
+		if cfg.idemBare || cfg.mem || slices.ContainsFunc(cfg.workloads, func(w string) bool { return w == "open" || w == "info" }) {
+			bad = append(bad, "-ab-bin, -ab-env: B has closed-loop rounds only: not with -only open, info or mem, nor -idem-bare")
 		}
 	}
 	cfg.memSlack = int64(*memSlackMiB * (1 << 20))
@@ -530,41 +518,6 @@ func (b *bench) setup(ctx context.Context) error {
 		return err
 	}
 	b.noteAffinity("redis", b.redis)
-	return b.checkRoutes(ctx)
-}
-
-// checkRoutes starts idemproxy once with the ROUTES of each selected workload
-// that has a rule of its own, before any round: a build that refuses the rule
-// (an old build without json1k's key=json:/id) fails the run at once, saying why.
-func (b *bench) checkRoutes(ctx context.Context) error {
-	if b.cfg.idemBare {
-		return nil
-	}
-	port, err := freePort()
-	if err != nil {
-		return err
-	}
-	// Readiness needs Redis only: the upstream is never called.
-	none := &upstream{url: fmt.Sprintf("http://127.0.0.1:%d", port)}
-	for _, wl := range b.cfg.workloads {
-		ew, ok := eventWorkloads[wl]
-		if !ok {
-			continue
-		}
-		t, err := b.startTargetOnce(ctx, "idem", none, wl)
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			hint := ""
-			if strings.Contains(ew.rule, " key=") {
-				hint = "; this idemproxy build may be older than the key= route option." +
-					" Leave " + wl + " out of -only, or benchmark a build that has it with -idem-bin PATH"
-			}
-			return fmt.Errorf("workload %s: idemproxy refused to start with its ROUTES rule %q%s.\n%v", wl, ew.rule, hint, err)
-		}
-		t.p.stop()
-	}
 	return nil
 }
 
@@ -666,14 +619,9 @@ func logf(format string, args ...any) {
 }
 
 // noteAffinity records the cpus the kernel lets p run on, for the report.
-func (b *bench) noteAffinity(role string, p *proc) { b.notePidAffinity(role, p.pid()) }
-
-func (b *bench) notePidAffinity(role string, pid int) {
-	b2, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return
-	}
-	for _, l := range strings.Split(string(b2), "\n") {
+func (b *bench) noteAffinity(role string, p *proc) {
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.pid()))
+	for _, l := range strings.Split(string(status), "\n") {
 		if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok {
 			b.affinity[role] = strings.TrimSpace(v)
 		}
@@ -709,7 +657,7 @@ func (b *bench) startUpstream(ctx context.Context, delay time.Duration) (*upstre
 	return u, nil
 }
 
-type upstreamStats struct{ hits, conns, inflightMax int64 }
+type upstreamStats struct{ hits, inflightMax int64 }
 
 func (b *bench) upstreamStats(u *upstream, reset bool) (upstreamStats, error) {
 	url := u.url + "/stats"
@@ -727,14 +675,12 @@ func (b *bench) upstreamStats(u *upstream, reset bool) (upstreamStats, error) {
 	}
 	var v struct {
 		Hits        int64 `json:"hits"`
-		Conns       int64 `json:"conns"`
 		InflightMax int64 `json:"inflight_max"`
 	}
 	if err := json.Unmarshal(body, &v); err != nil {
 		return upstreamStats{}, fmt.Errorf("upstream /stats: %w", err)
 	}
-	s := upstreamStats{hits: v.Hits, conns: v.Conns, inflightMax: v.InflightMax}
-	return s, nil
+	return upstreamStats{hits: v.Hits, inflightMax: v.InflightMax}, nil
 }
 
 // target is one proxy under test: "bare" or "idem".

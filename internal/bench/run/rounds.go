@@ -18,7 +18,6 @@ type sample struct {
 	cpuUs             float64 // proxy process utime+stime per request
 	rssMiB            float64 // VmHWM of the (fresh) proxy process
 	upPerReq          float64 // upstream hits per request
-	upConns           int64   // connections the upstream accepted in the window
 	redisUs           float64 // redis-server utime+stime per request
 	upstreamUs        float64 // upstream process utime+stime per request
 	requests, errs    int64
@@ -30,7 +29,6 @@ type sample struct {
 	stealPct          float64
 	wrkPct            float64 // wrk's own CPU time, % of one core over the window
 	otherPct          float64 // CPU of every process but ours, % of one core (the noise)
-	logBytes          float64 // bytes the proxy wrote to its stdout/stderr log per request
 }
 
 // result holds every round of one (workload, delay).
@@ -192,7 +190,6 @@ func (b *bench) round(ctx context.Context, up *upstream, wl, kind string, r int,
 		cpuUs:           perReqUs(s1.proxy - s0.proxy),
 		rssMiB:          float64(mem["VmHWM"]) / 1024,
 		upPerReq:        float64(s1.hits-s0.hits) / float64(res.requests),
-		upConns:         s1.conns - s0.conns,
 		redisUs:         perReqUs(s1.redis - s0.redis),
 		upstreamUs:      perReqUs(s1.upstream - s0.upstream),
 		requests:        res.requests,
@@ -213,7 +210,6 @@ func (b *bench) round(ctx context.Context, up *upstream, wl, kind string, r int,
 		smp.redisKeyBytes = float64(s1.red.memory-s0.red.memory) / float64(k)
 	}
 	smp.stealPct, smp.wrkPct, smp.otherPct = b.noise(s0, s1, res.cpu)
-	smp.logBytes = float64(s1.logBytes-s0.logBytes) / float64(res.requests)
 	return smp, nil
 }
 
@@ -221,10 +217,9 @@ func (b *bench) round(ctx context.Context, up *upstream, wl, kind string, r int,
 type snap struct {
 	proxy, redis, upstream int64 // utime+stime ticks of each process
 	self                   int64 // the driver's own
-	hits, conns            int64 // upstream counters
+	hits                   int64 // upstream requests
 	core, wrkCore, all     cpuTimes
 	red                    redisCounters // Redis INFO counters
-	logBytes               int64         // size of the proxy's stdout+stderr log
 }
 
 // snapshot reads the counters of target t, Redis, the upstream and the cpus.
@@ -243,7 +238,7 @@ func (b *bench) snapshot(t *target, up *upstream) (snap, error) {
 	s.self, _ = cpuTicks(os.Getpid())
 	var st upstreamStats
 	st, e[3] = b.upstreamStats(up, false)
-	s.hits, s.conns = st.hits, st.conns
+	s.hits = st.hits
 	if c := cpuLine("proxy"); c != "" {
 		s.core, _ = readCPUTimes(c)
 	}
@@ -252,9 +247,6 @@ func (b *bench) snapshot(t *target, up *upstream) (snap, error) {
 	}
 	s.red, e[4] = readRedisCounters(b.redisAddr)
 	s.all, _ = readCPUTimes("cpu")
-	if fi, err := os.Stat(t.p.log); err == nil {
-		s.logBytes = fi.Size()
-	}
 	return s, errors.Join(e[:]...)
 }
 
