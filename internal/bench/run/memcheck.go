@@ -69,9 +69,9 @@ func mib(b int64) float64 { return float64(b) / (1 << 20) }
 
 func passFail(ok bool) string {
 	if ok {
-		return "PASS"
+		return "pass"
 	}
-	return "FAIL"
+	return "fail"
 }
 
 // rssSampler records the maximum VmRSS of pid every interval until stopped.

@@ -104,7 +104,7 @@ func (b *bench) openPhase(ctx context.Context, up *upstream, delay time.Duration
 	capacity := openCapacity(rs)
 	var capRounds []float64
 	if capacity == 0 {
-		logf("delay=%v open: measuring the bare proxy's unique req/s first (%d round(s))", delay, cfg.rounds)
+		logf("open %s: measuring the bare proxy's unique req/s first", delayString(delay))
 		var caps []sample
 		for r := 0; r < cfg.rounds; r++ {
 			s, err := b.round(ctx, up, "unique", "bare", r, delay)
@@ -120,7 +120,7 @@ func (b *bench) openPhase(ctx context.Context, up *upstream, delay time.Duration
 	for _, frac := range cfg.openFracs {
 		res := openResult{delay: delay, frac: frac, capacity: capacity, capRounds: capRounds}
 		res.rate = max(1, int(math.Round(capacity*frac)))
-		logf("delay=%v open: %d req/s (%.0f %% of the bare proxy's %.0f req/s)", delay, res.rate, 100*frac, capacity)
+		logf("open %s: %d req/s (%.0f %% of the bare proxy's %.0f)", delayString(delay), res.rate, 100*frac, capacity)
 		err := b.openRounds(ctx, up, &res)
 		if len(res.bare) > 0 || len(res.idem) > 0 {
 			b.opens = append(b.opens, res)
@@ -282,9 +282,9 @@ func openReport(opens []openResult, cfg *config) []string {
 	}
 	var sb strings.Builder
 	para(&sb, fmt.Sprintf("Open loop: the unique workload sent at a fixed rate whatever the answers (vegeta), "+
-		"a share of the bare proxy's unique req/s; %v warm-up, %v measured, medians of %d rounds, the targets alternating. "+
+		"a share of the bare proxy's unique req/s; %v warm-up, %v measured, %s, the targets alternating. "+
 		"Latency runs from each request's scheduled send; added is idemproxy's less the bare proxy's.",
-		cfg.openWarmup, cfg.openDuration, cfg.openRounds))
+		cfg.openWarmup, cfg.openDuration, medians(cfg.openRounds)))
 	sb.WriteString("\n")
 	tw := newTable(&sb)
 	fmt.Fprintln(tw, "delay\trate/s (of bare)\tanswered/s\tbare p50/p99 ms\tadded p50/p99 ms")
@@ -306,10 +306,10 @@ func openVerdicts(opens []openResult) []verdict {
 			continue
 		}
 		d50, d99 := o.added()
-		at := fmt.Sprintf("open %.0f %%, delay %s", 100*o.frac, delayString(o.delay))
+		at := fmt.Sprintf("open %.0f%%, delay %s", 100*o.frac, delayString(o.delay))
 		j50, j99 := judge(d50, openP50Slack, true, "%.2f ms"), judge(d99, openP99Slack, true, "%.2f ms")
 		if _, invalid := openChecks(o); invalid > 0 {
-			j50, j99 = "not valid (see the notes)", "not valid (see the notes)"
+			j50, j99 = "not valid (notes)", "not valid (notes)"
 		}
 		out = append(out,
 			verdict{fmt.Sprintf("%s: p50 ≤ bare + %.1f ms", at, openP50Slack), ms(d50) + " ms", j50},

@@ -117,10 +117,10 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 	var notes []string
 	if len(results) > 0 {
 		fmt.Fprintln(w)
-		para(w, fmt.Sprintf("Closed loop: wrk, %d connections, %v measured after %v warm-up; medians of %d rounds, "+
+		para(w, fmt.Sprintf("Closed loop: wrk, %d connections, %v measured after %v warm-up; %s, "+
 			"the targets alternating, a fresh proxy process each round. req/s ×bare is idemproxy's median over the bare "+
 			"proxy's; proxy µs/req is each proxy process's CPU per request; Redis µs/req is redis-server's CPU per request "+
-			"through idemproxy.", cfg.conns, cfg.duration, cfg.warmup, cfg.rounds))
+			"through idemproxy.", cfg.conns, cfg.duration, cfg.warmup, medians(cfg.rounds)))
 		fmt.Fprintln(w)
 		tw := newTable(w)
 		build := ""
@@ -142,9 +142,9 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 			if len(r.b) > 0 {
 				row("idem(B)", r.b)
 			}
-			notes = append(notes, roundNotes(r)...)
 		}
 		tw.Flush()
+		notes = roundNotes(results)
 		fmt.Fprintln(w)
 		para(w, perRoundLine(results, cfg.ab))
 		if l := eventWorkloadsLine(cfg.workloads); l != "" {
@@ -153,7 +153,7 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 		if cfg.verbose {
 			for _, r := range results {
 				if c := cmdsLine(r.idem); c != "" {
-					para(w, fmt.Sprintf("Redis per request, %s delay %s: %s%s%s", r.workload, delayString(r.delay), c, readsLine(r.idem), keyBytesLine(r.idem)))
+					para(w, fmt.Sprintf("Redis per request, %s delay %s: %s%s", r.workload, delayString(r.delay), c, keyBytesLine(r.idem)))
 				}
 			}
 		}
@@ -246,27 +246,42 @@ func perRoundLine(results []result, ab bool) string {
 	return what + ": " + strings.Join(parts, "; ") + "."
 }
 
-// roundNotes flags rounds whose figures are suspect: errors, a load
-// generator at the limit of its core, other processes busy.
-func roundNotes(r result) []string {
-	var notes []string
-	var errs int64
-	var other, gen float64
-	for _, ss := range [][]sample{r.bare, r.idem, r.b} {
-		for _, s := range ss {
-			errs += s.errs
-			other, gen = max(other, s.otherPct), max(gen, s.wrkPct)
+// medians says how many rounds' medians a table gives.
+func medians(rounds int) string {
+	if rounds == 1 {
+		return "one round each"
+	}
+	return fmt.Sprintf("medians of %d rounds", rounds)
+}
+
+// roundNotes flags rounds whose figures are suspect: failed requests, a
+// load generator at the limit of its core, other processes busy.
+func roundNotes(results []result) []string {
+	var notes, busy []string
+	var most float64
+	for _, r := range results {
+		var errs int64
+		var other, gen float64
+		for _, ss := range [][]sample{r.bare, r.idem, r.b} {
+			for _, s := range ss {
+				errs += s.errs
+				other, gen = max(other, s.otherPct), max(gen, s.wrkPct)
+			}
+		}
+		at := fmt.Sprintf("%s delay %s", r.workload, delayString(r.delay))
+		if errs > 0 {
+			notes = append(notes, fmt.Sprintf("%s: %d requests failed (status >= 400 or a socket error).", at, errs))
+		}
+		if gen > 90 {
+			notes = append(notes, fmt.Sprintf("%s: wrk used up to %.0f %% of its core: the load generator may have been the limit.", at, gen))
+		}
+		if other > 20 {
+			busy, most = append(busy, fmt.Sprintf("%s %.0f %%", at, other)), max(most, other)
 		}
 	}
-	at := fmt.Sprintf("%s delay %s: ", r.workload, delayString(r.delay))
-	if errs > 0 {
-		notes = append(notes, fmt.Sprintf("%s%d requests failed (status >= 400 or a socket error).", at, errs))
-	}
-	if gen > 90 {
-		notes = append(notes, fmt.Sprintf("%swrk used up to %.0f %% of its core: the load generator may have been the limit.", at, gen))
-	}
-	if other > 20 {
-		notes = append(notes, fmt.Sprintf("%sother processes used up to %.0f %% of a core during a round: its figures are noisy.", at, other))
+	if len(busy) > 0 {
+		notes = append(notes, fmt.Sprintf("other processes used up to %.0f %% of a core during the closed-loop rounds (%s): "+
+			"the figures are noisy.", most, strings.Join(busy, ", ")))
 	}
 	return notes
 }
@@ -367,18 +382,6 @@ func cmdsLine(ss []sample) string {
 		parts[i] = fmt.Sprintf("%s %.2f", c.name, c.v)
 	}
 	return strings.Join(parts, ", ")
-}
-
-// readsLine is the median Redis socket reads per request over rounds and the
-// scripts (EVALSHA, EVAL) per read they give, the pipeline depth Redis saw,
-// as "; reads 0.31 (6.5 scripts per read)"; "" without reads or scripts.
-func readsLine(ss []sample) string {
-	reads := median(ss, func(s sample) float64 { return s.redisReads })
-	scripts := median(ss, func(s sample) float64 { return s.redisCmds["evalsha"] + s.redisCmds["eval"] })
-	if reads <= 0 || scripts <= 0 {
-		return ""
-	}
-	return fmt.Sprintf("; reads %.2f (%.1f scripts per read)", reads, scripts/reads)
 }
 
 // keyBytesLine gives the median Redis memory per key added in the window

@@ -24,7 +24,6 @@ type sample struct {
 	proxyCPUBusyPct   float64            // busy share of the proxy's cpu in the window, -1 if unknown
 	wrkCPUBusyPct     float64            // same for wrk's cpu
 	redisCmds         map[string]float64 // Redis commands per request (INFO commandstats), script-internal calls included
-	redisReads        float64            // Redis socket reads per request (INFO stats total_reads_processed)
 	redisKeyBytes     float64            // Redis memory per key the window added (used_memory over keys), 0 if none
 	stealPct          float64
 	wrkPct            float64 // wrk's own CPU time, % of one core over the window
@@ -205,7 +204,6 @@ func (b *bench) round(ctx context.Context, up *upstream, wl, kind string, r int,
 			smp.redisCmds[c] = float64(d) / float64(res.requests)
 		}
 	}
-	smp.redisReads = float64(s1.red.reads-s0.red.reads) / float64(res.requests)
 	if k := s1.red.keys - s0.red.keys; k > 0 {
 		smp.redisKeyBytes = float64(s1.red.memory-s0.red.memory) / float64(k)
 	}
