@@ -78,7 +78,7 @@ lint: ## gofmt, go vet and go mod tidy must leave nothing to change
 	$(GO) mod tidy -diff
 
 .PHONY: bench
-bench: ## Benchmark against a bare httputil.ReverseProxy (wrk, then a fixed-rate open loop; real Redis; ~6 min). BENCH_FLAGS=-quick for a smoke test, BENCH_FLAGS='-only info' for LOG_LEVEL=info vs warn, BENCH_FLAGS='-only unique1k,json1k' for json: keys, BENCH_FLAGS='-only floor' for the Redis CPU floor of the scripts
+bench: ## Benchmark against a bare httputil.ReverseProxy, real Redis (~6 min; docs/performance.md). BENCH_FLAGS=-quick for a smoke test
 	scripts/bench.sh $(BENCH_FLAGS)
 
 .PHONY: bench-go

@@ -1,26 +1,18 @@
 #!/usr/bin/env bash
-# Benchmark idemproxy against a bare httputil.ReverseProxy (issue 5); `make bench` runs this.
+# Benchmark idemproxy against a bare httputil.ReverseProxy; `make bench` runs this.
+# docs/performance.md says what it measures and how to read it.
 #
 #   scripts/bench.sh [-quick] [-duration 8s] [-warmup 2s] [-rounds 2] [-conns 64]
-#                    [-only unique,replay,mixed,nokey,unique1k,json1k,open,info,floor,mem] [-delays 0,2ms]
-#                    [-open-rate 0.5] [-open-duration 5s] [-open-warmup 1s] [-open-rounds N]
-#                    [-cpus wrk=0,proxy=1,upstream=1,redis=1] [-idem-bare] [-idem-bin PATH] [-ceiling redis|local|onewrite|onehash|commands|strings] [-idem-ceiling redis|local|onewrite|onehash|commands]
-#                    [-idem-env KEY=VALUE]... [-ceiling-bin PATH [-ceiling-env KEY=VALUE]...] [-keep] [-v]
+#                    [-only unique,replay,mixed,nokey,unique1k,json1k,open,info,mem] [-delays 0,2ms]
+#                    [-open-rates 0.5] [-open-duration 5s] [-open-warmup 1s] [-open-rounds N]
+#                    [-cpus wrk=0,proxy=1,upstream=1,redis=1] [-idem-bare] [-idem-bin PATH]
+#                    [-idem-env KEY=VALUE]... [-ab-bin PATH] [-ab-env KEY=VALUE]... [-keep] [-v]
 #
 # open: the unique workload at a fixed rate (open loop, internal/bench/openloop with the vegeta
 # library) against both proxies; info: idemproxy at LOG_LEVEL=info against warn (not in the
-# default set); floor: the Redis CPU floor of idemproxy's claim and complete scripts, run from Go
-# by internal/bench/redisfloor with Redis alone on its core, no proxy (not in the default set).
-# -ceiling redis|local|onewrite|onehash|commands: internal/bench/ceilingproxy, a bare proxy plus a minimal two-script design
-# ("local": the same work without Redis; "onewrite": two scripts of one SET each, the completion's
-# GET and token check in Lua, the least a design with the contract's scripted claim and an exactly
-# fenced completion asks of Redis 7; "onehash": onewrite with hash records, idemproxy's default form;
-# "commands": a plain SET NX GET EX and a plain SET EX instead of its scripts, the least any design
-# writes), as a third target in every closed-loop round;
-# -ceiling strings: idemproxy itself with RECORD_FORMAT=string as that third target instead;
-# -idem-ceiling redis|local|onewrite|onehash|commands: the same proxy in idemproxy's slot instead (for the open-loop phase).
-# -ceiling-bin PATH: a second idemproxy binary as that third target, reported as idem(B), with -idem-env and then
-# -ceiling-env: two builds alternate round by round in one run, the way to see a change of a few µs per request.
+# default set).
+# A/B: -ab-bin PATH and/or -ab-env KEY=VALUE add build B (that binary, or idemproxy's with that
+# environment) to every closed-loop round, so two builds alternate round by round in one run.
 #
 # Needs go, wrk, redis-server and taskset (wrk and redis-server are installed with apt-get when
 # missing and running as root). The driver is internal/bench/run; `scripts/bench.sh -h` lists every flag.

@@ -1,5 +1,5 @@
-// Command openloop is the fixed-rate load generator of the idemproxy benchmark
-// (issue 14); the driver internal/bench/run builds it and runs it under
+// Command openloop is the fixed-rate load generator of the idemproxy
+// benchmark; the driver internal/bench/run builds it and runs it under
 // taskset on the load generator's cpu, where wrk runs in the closed-loop
 // rounds.
 //

@@ -1,6 +1,6 @@
 // Command otlpsink is an OTLP/HTTP trace receiver that accepts every export
 // and discards it, counting exports and bytes (it decodes nothing): the
-// collector end of a tracing-on benchmark (README "Performance"):
+// collector end of a tracing-on benchmark (docs/performance.md):
 //
 //	go run ./internal/bench/otlpsink -listen 127.0.0.1:4318 &
 //	scripts/bench.sh -only unique,replay -idem-env OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// The 1 KiB webhook workloads of issue 11 send the same Stripe-event-like
+// The 1 KiB webhook workloads send the same Stripe-event-like
 // JSON body, whose top-level "id" is a fresh key per request:
 //
 //   - unique1k: the key also in the Idempotency-Key header, to a route keyed

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// The info phase (issue 14): the bench runs idemproxy at LOG_LEVEL=warn, so
+// The info phase: the bench runs idemproxy at LOG_LEVEL=warn, so
 // its figures leave out the access log that the default level, info, writes:
 // one JSON line per request on stdout. This phase runs the unique workload
 // through idemproxy at warn and at info, alternated round by round (the bare
@@ -50,98 +50,71 @@ func (b *bench) infoPhase(ctx context.Context, up *upstream, delay time.Duration
 }
 
 // infoReport is the LOG_LEVEL section of the report: proxy CPU per request
-// and req/s at info against warn (issue 14 target: info at most +10 % CPU).
-func infoReport(infos []infoResult, cfg *config) []string {
+// at info against warn.
+func infoReport(infos []infoResult) []string {
 	if len(infos) == 0 {
 		return nil
 	}
-	out := []string{
-		fmt.Sprintf("LOG_LEVEL=info against warn (issue 14): the unique workload through idemproxy, wrk (%d connection(s), %v after %v warm-up),", cfg.conns, cfg.duration, cfg.warmup),
-		fmt.Sprintf("rounds alternated warn,info / info,warn, medians of %d; at info idemproxy writes a JSON access-log line per request to stdout, which goes to a file.", cfg.rounds),
-		"",
-	}
 	var sb strings.Builder
+	para(&sb, "LOG_LEVEL=info against warn: the unique workload through idemproxy at each level, "+
+		"alternating round by round; at info idemproxy writes a JSON access-log line per request, to a file.")
+	sb.WriteString("\n")
 	tw := newTable(&sb)
-	fmt.Fprintln(tw, "delay\tLOG_LEVEL\treq/s\tp50\tp99\tcpu µs/req\tredis µs/req\tlog bytes/req\terrors")
-	var below []string
-	cpu := func(s sample) float64 { return s.cpuUs }
-	rps := func(s sample) float64 { return s.rps }
+	fmt.Fprintln(tw, "delay\twarn µs/req\tinfo µs/req\tchange\tround pairs: mean (95 % interval)")
 	for _, in := range infos {
-		delay := delayString(in.delay)
-		row := func(name string, ss []sample) {
-			var errs int64
-			for _, s := range ss {
-				errs += s.errs
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.2fms\t%.2fms\t%.1f\t%.1f\t%.0f\t%d\n", delay, name,
-				median(ss, rps),
-				median(ss, func(s sample) float64 { return s.p50ms }),
-				median(ss, func(s sample) float64 { return s.p99ms }),
-				median(ss, cpu),
-				median(ss, func(s sample) float64 { return s.redisUs }),
-				median(ss, func(s sample) float64 { return s.logBytes }),
-				errs)
-		}
-		row("warn", in.warn)
-		row("info", in.info)
 		w, i := median(in.warn, cpu), median(in.info, cpu)
-		change := func(a, b float64) string {
-			if b == 0 {
-				return "?"
-			}
-			return fmt.Sprintf("%+.1f %%", 100*(a/b-1))
+		pairs := "too few for an interval"
+		if mean, half, n, ok := in.pairs(); ok {
+			pairs = fmt.Sprintf("%+.1f %% (%+.1f to %+.1f %%), %d pairs", mean, mean-half, mean+half, n)
 		}
-		var pairs, other []string
-		for k := 0; k < len(in.warn) && k < len(in.info); k++ {
-			pairs = append(pairs, fmt.Sprintf("%s/%.2f×", change(in.info[k].cpuUs, in.warn[k].cpuUs), in.info[k].rps/in.warn[k].rps))
-			other = append(other, fmt.Sprintf("%.0f/%.0f%%", in.warn[k].otherPct, in.info[k].otherPct))
-		}
-		rr := 0.0
-		if m := median(in.warn, rps); m > 0 {
-			rr = median(in.info, rps) / m
-		}
-		below = append(below, fmt.Sprintf("info   delay %-4s info vs warn: proxy cpu µs/req %.1f vs %.1f = %s (medians); %s; req/s %.2f× "+
-			"(per round pair cpu/req/s %s; other processes, warn/info: %s of a core)",
-			delay, i, w, change(i, w), pairVerdict(in), rr, strings.Join(pairs, " "), strings.Join(other, " ")))
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%+.1f %%\t%s\n", delayString(in.delay), w, i, 100*(i/w-1), pairs)
 	}
 	tw.Flush()
-	out = append(out, strings.Split(strings.TrimRight(sb.String(), "\n"), "\n")...)
-	out = append(out, "")
-	return append(out, below...)
+	return strings.Split(strings.TrimRight(sb.String(), "\n"), "\n")
 }
 
-// infoLimit is issue 14's target: LOG_LEVEL=info may cost at most 10 % more
-// proxy CPU per request than warn.
+// infoLimit is the target: LOG_LEVEL=info may cost at most 10 % more proxy
+// CPU per request than warn.
 const infoLimit = 10.0
 
-// pairVerdict judges the target on the round pairs, not on the medians:
-// on a shared machine one pair's change scatters by ±10 % or more (issue
-// 14's runs: −19 to +33 %), so a few rounds' medians can land on either
-// side of the limit by chance. Each pair ran back to back, so its change
-// cancels most of the machine's drift; their mean, with a 95 % Student t
-// interval, says whether the cost is below the limit (the interval's top
-// under it), above it (its bottom over it), or not resolved by this many
-// rounds.
-func pairVerdict(in infoResult) string {
+// pairs is the mean of the round pairs' changes of proxy CPU per request,
+// info over warn in %, the half-width of its 95 % interval and the number of
+// pairs; ok is false for fewer than two pairs.
+func (in infoResult) pairs() (mean, half float64, n int, ok bool) {
 	var d []float64
 	for k := 0; k < len(in.warn) && k < len(in.info); k++ {
 		if in.warn[k].cpuUs > 0 {
 			d = append(d, 100*(in.info[k].cpuUs/in.warn[k].cpuUs-1))
 		}
 	}
-	mean, half, ok := meanInterval(d)
-	if !ok {
-		return fmt.Sprintf("round pairs: %d, too few for an interval (issue 14 target ≤ +%.0f %%: not shown; run more -rounds)", len(d), infoLimit)
+	mean, half, ok = meanInterval(d)
+	return mean, half, len(d), ok
+}
+
+// infoVerdicts judges the target on the round pairs, not on the medians:
+// on a shared machine one pair's change scatters by ±10 % or more, so a few
+// rounds' medians can land on either side of the limit by chance. Each pair
+// ran back to back, so its change cancels most of the machine's drift;
+// their mean, with a 95 % Student t interval, says whether the cost is
+// below the limit (the interval's top under it), above it (its bottom over
+// it), or not resolved by this many rounds.
+func infoVerdicts(infos []infoResult) []verdict {
+	var out []verdict
+	for _, in := range infos {
+		v := verdict{what: fmt.Sprintf("info log, delay %s: CPU ≤ +10 %% of warn", delayString(in.delay)),
+			measured: "?", outcome: "not shown (more -rounds)"}
+		if mean, half, _, ok := in.pairs(); ok {
+			v.measured = fmt.Sprintf("%+.1f %%", mean)
+			switch {
+			case mean+half <= infoLimit:
+				v.outcome = "met"
+			case mean-half > infoLimit:
+				v.outcome = fmt.Sprintf("missed by %.1f %%", mean-infoLimit)
+			}
+		}
+		out = append(out, v)
 	}
-	verdict := "not shown: the interval spans the limit; run more -rounds"
-	switch {
-	case mean+half <= infoLimit:
-		verdict = "met"
-	case mean-half > infoLimit:
-		verdict = "MISSED"
-	}
-	return fmt.Sprintf("round pairs: mean %+.1f %%, 95 %% interval %+.1f to %+.1f %% over %d pairs (issue 14 target ≤ +%.0f %%: %s)",
-		mean, mean-half, mean+half, len(d), infoLimit, verdict)
+	return out
 }
 
 // meanInterval is the mean of v and the half-width of its 95 % Student t

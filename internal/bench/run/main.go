@@ -4,10 +4,11 @@
 // It builds idemproxy from the tree plus a fake upstream (internal/bench/upstream)
 // and a bare httputil.ReverseProxy with idemproxy's transport
 // (internal/bench/bareproxy), starts them and a real redis-server on 127.0.0.1,
-// drives each proxy with wrk (workload.lua), alternating bare and idemproxy
-// rounds, and prints one table of medians with the idemproxy/bare ratios,
-// followed by two memory checks. Absolute figures on a shared 2-core machine
-// are noise; the ratios, measured in the same run, are the result.
+// drives each proxy with wrk (workload.lua) and then at fixed rates
+// (internal/bench/openloop), alternating bare and idemproxy rounds, runs two
+// memory checks and prints the ratios of the medians. Absolute figures on a
+// shared 2-core machine are noise; the ratios, measured in the same run, are
+// the result. docs/performance.md describes the method and the results.
 package main
 
 import (
@@ -41,24 +42,22 @@ const (
 	exitInterrupted = 130
 )
 
-var allWorkloads = []string{"unique", "replay", "mixed", "nokey", "unique1k", "json1k", "open", "info", "floor", "mem"}
+var allWorkloads = []string{"unique", "replay", "mixed", "nokey", "unique1k", "json1k", "open", "info", "mem"}
 
 // defaultWorkloads is -only's default: about 6 minutes with the other
 // defaults. info is left out (about 90 s more with two delays): it measures a
 // logging setting, not the request path, and is run on its own (-only info).
-// So is floor: it measures Redis alone, not idemproxy against a bare proxy.
 const defaultWorkloads = "unique,replay,mixed,open,mem"
 
 type config struct {
 	repo, workdir string
 	keep, verbose bool
-	perf          bool // profile idemproxy with perf during the warm-up of its first round
 
 	duration, warmup time.Duration
 	rounds           int
 	conns, threads   int
 	primed           int
-	workloads        []string // workloads to run: the wrk ones in order, then info and open (per delay), then floor
+	workloads        []string // workloads to run: the wrk ones in order, then info and open (per delay)
 	mem              bool     // run the memory checks
 	delays           []time.Duration
 	cpus             map[string]string // wrk, proxy, upstream, redis -> taskset cpu list
@@ -67,31 +66,18 @@ type config struct {
 	openRounds   int           // open-loop rounds per target and delay
 	openDuration time.Duration // measured part of an open-loop round
 	openWarmup   time.Duration // warm-up at the same rate before it
-	openFrac     float64       // the fixed rate as a share of the bare proxy's closed-loop req/s
+	openFracs    []float64     // the fixed rates as shares of the bare proxy's closed-loop req/s
 
 	idemBare bool     // put a second bare proxy in idemproxy's slot (harness self-test)
 	idemBin  string   // prebuilt idemproxy binary instead of building the tree
 	idemEnv  []string // extra KEY=VALUE for idemproxy
-	// idemCeiling puts internal/bench/ceilingproxy in idemproxy's slot (issue
-	// 14's reference for the proxy-side targets), in one of ceilingModes:
-	// "redis", a bare proxy plus a minimal two-script design; "local", the
-	// same work without Redis; "onewrite", the same with two scripts of one
-	// write each (the least a design with the contract's scripted claim and
-	// an exactly fenced completion asks of Redis 7); "onehash", onewrite
-	// with hash records (idemproxy's default form); "commands", the same with a plain
-	// SET NX GET EX and a plain SET EX instead of the scripts (the least any
-	// design writes). "" for idemproxy.
-	idemCeiling string
-	// ceiling adds internal/bench/ceilingproxy (a mode of ceilingModes) as a
-	// third target to every closed-loop round, so that bare, idemproxy and
-	// the ceiling alternate in one run. "" for none.
-	ceiling string
-	// twinBin and twinEnv are -ceiling-bin and -ceiling-env: a second
-	// idemproxy binary, and what its environment gets beyond -idem-env, as the
-	// third target (ceiling ceilingTwin), so that two builds of idemproxy
-	// alternate round by round in one run, paired as the third target is.
-	twinBin string
-	twinEnv []string
+	// ab adds build B, a second idemproxy, as a third target to every
+	// closed-loop round, so that bare, idemproxy (A) and B alternate round
+	// by round in one run: B is abBin (A's binary when "") with -idem-env
+	// and then abEnv in its environment.
+	ab    bool
+	abBin string
+	abEnv []string
 
 	memSlack  int64 // bytes of RSS growth allowed beyond MAX_STORED_RESPONSE_BYTES
 	maxStored int64 // MAX_STORED_RESPONSE_BYTES in effect
@@ -102,10 +88,8 @@ type config struct {
 }
 
 // delayed tells whether a workload runs per upstream delay (every one but
-// floor, which needs no upstream).
-func (c *config) delayed() bool {
-	return slices.ContainsFunc(c.workloads, func(w string) bool { return w != "floor" })
-}
+// the memory checks, which start their own upstream).
+func (c *config) delayed() bool { return len(c.workloads) > 0 }
 
 type listFlag []string
 
@@ -146,46 +130,41 @@ func parseFlags(args []string) (*config, int) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	cfg := &config{}
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: scripts/bench.sh [flags]  (make bench)\n\n"+
-			"Benchmarks idemproxy, built from the tree, against a bare httputil.ReverseProxy with the same transport,\n"+
-			"on 127.0.0.1 with wrk, a fake upstream and redis-server, and prints one table of ratios plus two memory checks.\n"+
-			"Exit status: 0 done, 1 harness error, 2 usage, 3 a memory check failed, 130 interrupted.\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "Usage: scripts/bench.sh [flags]  (make bench BENCH_FLAGS='...')\n\n"+
+			"Benchmarks idemproxy, built from the tree, against a bare httputil.ReverseProxy\n"+
+			"with the same transport, upstream and real Redis (docs/performance.md).\n"+
+			"Exit status: 0 done, 1 harness error, 2 usage, 3 a memory check failed,\n"+
+			"130 interrupted. A missed target does not fail the run.\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&cfg.repo, "repo", ".", "repository root (holds go.mod of github.com/idemproxy/idemproxy)")
-	fs.StringVar(&cfg.workdir, "workdir", "", "scratch directory for binaries and logs (default: a new temp dir); removed at the end unless -keep, if named idemproxy-bench.*")
+	fs.StringVar(&cfg.workdir, "workdir", "", "scratch directory for binaries and logs (default: a new one, removed at the end)")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the scratch directory (process logs)")
-	fs.BoolVar(&cfg.verbose, "v", false, "print wrk's output of every round")
-	fs.BoolVar(&cfg.perf, "perf", false, "profile the proxy's cpu with perf record during the warm-up of its first round per workload (not the measured window) and print the top symbols")
+	fs.BoolVar(&cfg.verbose, "v", false, "print every round's figures, wrk's output and Redis's commands per request")
 	fs.DurationVar(&cfg.duration, "duration", 8*time.Second, "measured duration of one round (whole seconds)")
 	fs.DurationVar(&cfg.warmup, "warmup", 2*time.Second, "warm-up before each measured round (whole seconds, 0 for none)")
-	fs.IntVar(&cfg.rounds, "rounds", 2, "rounds per target; bare and idemproxy alternate, the table shows medians")
+	fs.IntVar(&cfg.rounds, "rounds", 2, "rounds per target, alternated; the report gives medians")
 	fs.IntVar(&cfg.conns, "conns", 64, "wrk connections")
 	fs.IntVar(&cfg.threads, "threads", 1, "wrk threads")
 	fs.IntVar(&cfg.primed, "primed", 100, "keys primed for the replay and mixed workloads")
 	quick := fs.Bool("quick", false, "smoke test: -duration 2s -warmup 1s -rounds 1 -open-duration 2s (unless given)")
-	only := fs.String("only", defaultWorkloads, "comma-separated workloads: unique, replay, mixed, nokey (no key), mem (memory checks), "+
-		"unique1k and json1k (a ~1 KiB Stripe-event body keyed by the Idempotency-Key header, or by its \"id\" through ROUTES key=json:/id; run both for the comparison of issue 11), "+
-		"open (unique at a fixed rate, open loop: latency added at -open-rate of the bare proxy's unique req/s; issue 14), "+
-		"info (unique through idemproxy at LOG_LEVEL=info against warn, the bench's level: the cost of the default access log; issue 14), "+
-		"floor (the Redis CPU floor of idemproxy's claim and complete scripts, driven straight from Go with Redis alone on its core; once, not per delay; issue 14)")
+	only := fs.String("only", defaultWorkloads, "comma-separated workloads of "+strings.Join(allWorkloads, ", ")+
+		"\n(docs/performance.md says what each measures)")
 	fs.IntVar(&cfg.openRounds, "open-rounds", 0, "open-loop rounds per target and delay (0: -rounds)")
 	fs.DurationVar(&cfg.openDuration, "open-duration", 5*time.Second, "measured duration of one open-loop round")
 	fs.DurationVar(&cfg.openWarmup, "open-warmup", time.Second, "warm-up at the fixed rate before each open-loop round (0 for none)")
-	fs.Float64Var(&cfg.openFrac, "open-rate", 0.5, "open-loop rate as a fraction of the bare proxy's median req/s in its unique wrk rounds at the same delay")
+	openRates := fs.String("open-rates", "0.5", "open-loop rates as fractions of the bare proxy's unique req/s")
 	delays := fs.String("delays", "0,2ms", "comma-separated upstream service delays")
-	fs.IntVar(&cfg.nice, "nice", 0, "run wrk, the proxies, upstream and Redis at this niceness (e.g. -10, as root) so other work on a shared machine disturbs less")
+	fs.IntVar(&cfg.nice, "nice", 0, "niceness of every process of the run (e.g. -10, as root)")
 	cpus := fs.String("cpus", "wrk=0,proxy=1,upstream=1,redis=1", "taskset cpu list per role")
-	fs.BoolVar(&cfg.idemBare, "idem-bare", false, "self-test: a second bare proxy takes idemproxy's slot (ratios show the noise floor)")
+	fs.BoolVar(&cfg.idemBare, "idem-bare", false, "self-test: a second bare proxy in idemproxy's place shows the noise")
 	fs.StringVar(&cfg.idemBin, "idem-bin", "", "benchmark this idemproxy binary instead of building the tree")
-	fs.StringVar(&cfg.idemCeiling, "idem-ceiling", "", "internal/bench/ceilingproxy takes idemproxy's slot: redis (a bare proxy plus a minimal two-script design: body and answer in memory, key and fingerprint hashed, two small Redis scripts; -only unique,replay,mixed,open), local (the same without Redis; -only unique,open), onewrite (the same with two scripts of one write each, SET NX GET PX, then GET, the token checked in Lua, and SET PX: the least a design with the contract's scripted claim and an exactly fenced completion asks of Redis 7; -only as redis), onehash (onewrite with hash records, as idemproxy keeps them by default: HSETNX, PEXPIRE NX; HGET, the token checked, HSET, PEXPIRE; -only as redis) or commands (the same with a plain SET NX GET EX and a plain SET EX instead of the scripts, the least any design writes; -only as redis)")
-	fs.StringVar(&cfg.ceiling, "ceiling", "", "add internal/bench/ceilingproxy (redis, local, onewrite, onehash or commands, as -idem-ceiling) as a third target to the closed-loop rounds, alternated with bare and idemproxy in the same run; -only unique,replay,mixed (local: unique). strings: idemproxy itself with RECORD_FORMAT=string as the third target, reported as idem(string)")
 	var idemEnv listFlag
 	fs.Var(&idemEnv, "idem-env", "extra KEY=VALUE in idemproxy's environment (repeatable)")
-	fs.StringVar(&cfg.twinBin, "ceiling-bin", "", "a second idemproxy binary as the third target (implies -ceiling "+ceilingTwin+"): two builds alternate round by round in one run, with -idem-env, reported as idem(B); -only unique,replay,mixed")
-	var twinEnv listFlag
-	fs.Var(&twinEnv, "ceiling-env", "extra KEY=VALUE in -ceiling-bin's environment, after -idem-env's (repeatable)")
-	memSlackMiB := fs.Float64("mem-slack", 4, "MiB of RSS growth allowed on top of MAX_STORED_RESPONSE_BYTES in the 10 MiB check")
+	fs.StringVar(&cfg.abBin, "ab-bin", "", "A/B: a second idemproxy binary, B, run in every closed-loop round too")
+	var abEnv listFlag
+	fs.Var(&abEnv, "ab-env", "A/B: extra KEY=VALUE for B, after -idem-env (repeatable; alone: B is A's binary)")
+	memSlackMiB := fs.Float64("mem-slack", 4, "MiB of RSS growth allowed over MAX_STORED_RESPONSE_BYTES, 10 MiB check")
 	fs.IntVar(&cfg.slowN, "slow-n", 1000, "concurrent slow requests of the memory check")
 	fs.DurationVar(&cfg.slow, "slow", 2*time.Second, "how long the upstream holds each slow request")
 	memLimitMiB := fs.Int64("mem-limit", 200, "MiB of peak RSS allowed in the slow-requests check")
@@ -199,9 +178,9 @@ func parseFlags(args []string) (*config, int) {
 		fmt.Fprintf(os.Stderr, "bench: unexpected arguments %q\n", fs.Args())
 		return cfg, exitUsage
 	}
+	set := map[string]bool{} // the flags given
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if *quick { // without overriding what is given explicitly
-		set := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		if !set["duration"] {
 			cfg.duration = 2 * time.Second
 		}
@@ -244,20 +223,14 @@ func parseFlags(args []string) (*config, int) {
 	}
 	cfg.cpus = map[string]string{}
 	for _, kv := range strings.Split(*cpus, ",") {
-		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
-		if !ok || !slices.Contains([]string{"wrk", "proxy", "upstream", "redis"}, k) || v == "" {
-			bad = append(bad, fmt.Sprintf("-cpus: bad entry %q (want role=cpulist, roles wrk, proxy, upstream, redis)", kv))
-			continue
-		}
+		k, v, _ := strings.Cut(strings.TrimSpace(kv), "=")
 		cfg.cpus[k] = v
 	}
 	for _, k := range []string{"wrk", "proxy", "upstream", "redis"} {
-		if cfg.cpus[k] == "" {
-			bad = append(bad, fmt.Sprintf("-cpus: no cpu for %s", k))
+		if cfg.cpus[k] == "" || len(cfg.cpus) != 4 {
+			bad = append(bad, fmt.Sprintf("-cpus: %q: want role=cpulist for each of wrk, proxy, upstream, redis", *cpus))
+			break
 		}
-	}
-	if cfg.perf && cfg.warmup < time.Second {
-		bad = append(bad, "-perf profiles the warm-up: it needs -warmup >= 1s")
 	}
 	if cfg.nice < -20 || cfg.nice > 19 {
 		bad = append(bad, "-nice: want -20..19")
@@ -265,8 +238,16 @@ func parseFlags(args []string) (*config, int) {
 	if cfg.openRounds == 0 {
 		cfg.openRounds = cfg.rounds
 	}
-	if cfg.openRounds < 1 || cfg.openDuration < time.Second || cfg.openWarmup < 0 || cfg.openFrac <= 0 || cfg.openFrac > 2 {
-		bad = append(bad, "need -open-rounds >= 0, -open-duration >= 1s, -open-warmup >= 0, 0 < -open-rate <= 2")
+	if cfg.openRounds < 1 || cfg.openDuration < time.Second || cfg.openWarmup < 0 {
+		bad = append(bad, "need -open-rounds >= 0, -open-duration >= 1s, -open-warmup >= 0")
+	}
+	for _, f := range strings.Split(*openRates, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || v <= 0 || v > 2 {
+			bad = append(bad, fmt.Sprintf("-open-rates: %q is not a fraction in (0, 2]", f))
+			continue
+		}
+		cfg.openFracs = append(cfg.openFracs, v)
 	}
 	if cfg.duration < time.Second || cfg.warmup < 0 || cfg.rounds < 1 || cfg.conns < 1 || cfg.threads < 1 || cfg.threads > cfg.conns || cfg.primed < 1 || cfg.slowN < 1 {
 		bad = append(bad, "need -duration >= 1s, -warmup >= 0, -rounds >= 1, 1 <= -threads <= -conns, -primed >= 1, -slow-n >= 1")
@@ -293,70 +274,24 @@ func parseFlags(args []string) (*config, int) {
 		}
 	}
 	cfg.idemEnv = idemEnv
-	for _, kv := range twinEnv {
+	for _, kv := range abEnv {
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
-			bad = append(bad, fmt.Sprintf("-ceiling-env: want KEY=VALUE, got %q", kv))
+			bad = append(bad, fmt.Sprintf("-ab-env: want KEY=VALUE, got %q", kv))
 		}
 	}
-	cfg.twinEnv = twinEnv
-	switch {
-	case cfg.twinBin != "" && cfg.ceiling != "" && cfg.ceiling != ceilingTwin:
-		bad = append(bad, fmt.Sprintf("-ceiling-bin: not with -ceiling %s (the third target is one or the other)", cfg.ceiling))
-	case cfg.twinBin != "":
-		cfg.ceiling = ceilingTwin
-		if fi, err := os.Stat(cfg.twinBin); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
-			bad = append(bad, fmt.Sprintf("-ceiling-bin: %q is not an executable file", cfg.twinBin))
-		}
-	case cfg.ceiling == ceilingTwin:
-		bad = append(bad, "-ceiling "+ceilingTwin+": give the binary with -ceiling-bin")
-	case len(twinEnv) > 0:
-		bad = append(bad, "-ceiling-env: only with -ceiling-bin")
-	}
-	if cfg.ceiling != "" {
-		// The flag the user gave, for the messages: -ceiling-bin sets the mode.
-		given := "-ceiling " + cfg.ceiling
-		if cfg.ceiling == ceilingTwin {
-			given = "-ceiling-bin"
-		}
-		if !slices.Contains(ceilingModes, cfg.ceiling) && cfg.ceiling != ceilingStrings && cfg.ceiling != ceilingTwin {
-			bad = append(bad, fmt.Sprintf("-ceiling: %q (want %s or %s)", cfg.ceiling, strings.Join(ceilingModes, ", "), ceilingStrings))
-		}
-		if cfg.idemBare || cfg.idemCeiling != "" {
-			bad = append(bad, given+": not with -idem-bare or -idem-ceiling")
-		}
-		ok := []string{"unique", "replay", "mixed"}
-		if cfg.ceiling == "local" {
-			ok = []string{"unique"}
-		}
-		for _, w := range cfg.workloads {
-			if !slices.Contains(ok, w) {
-				bad = append(bad, fmt.Sprintf("%s: workload %q has no third-target round (want -only %s)", given, w, strings.Join(ok, ",")))
-			}
-		}
-		if cfg.mem {
-			bad = append(bad, fmt.Sprintf("%s: workload \"mem\" has no third-target round (want -only %s)", given, strings.Join(ok, ",")))
+	cfg.abEnv = abEnv
+	cfg.ab = cfg.abBin != "" || len(abEnv) > 0
+	if cfg.abBin != "" {
+		if fi, err := os.Stat(cfg.abBin); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+			bad = append(bad, fmt.Sprintf("-ab-bin: %q is not an executable file", cfg.abBin))
 		}
 	}
-	if cfg.idemCeiling != "" {
-		if !slices.Contains(ceilingModes, cfg.idemCeiling) {
-			bad = append(bad, fmt.Sprintf("-idem-ceiling: %q (want %s)", cfg.idemCeiling, strings.Join(ceilingModes, ", ")))
+	if cfg.ab {
+		if !set["only"] { // B has closed-loop rounds only
+			cfg.workloads, cfg.mem = []string{"unique", "replay", "mixed"}, false
 		}
-		if cfg.idemBare || cfg.idemBin != "" || len(idemEnv) > 0 {
-			bad = append(bad, "-idem-ceiling: not with -idem-bare, -idem-bin or -idem-env")
-		}
-		// The ceiling proxy knows no ROUTES, log level or memory limits;
-		// without Redis (local) it records nothing, so nothing is replayed.
-		ok := []string{"unique", "replay", "mixed", "open"}
-		if cfg.idemCeiling == "local" {
-			ok = []string{"unique", "open"}
-		}
-		for _, w := range cfg.workloads {
-			if !slices.Contains(ok, w) {
-				bad = append(bad, fmt.Sprintf("-idem-ceiling %s: workload %q is not measured with it (want -only %s)", cfg.idemCeiling, w, strings.Join(ok, ",")))
-			}
-		}
-		if cfg.mem {
-			bad = append(bad, fmt.Sprintf("-idem-ceiling %s: workload \"mem\" is not measured with it (want -only %s)", cfg.idemCeiling, strings.Join(ok, ",")))
+		if cfg.idemBare || cfg.mem || slices.ContainsFunc(cfg.workloads, func(w string) bool { return w == "open" || w == "info" }) {
+			bad = append(bad, "-ab-bin, -ab-env: B has closed-loop rounds only: not with -only open, info or mem, nor -idem-bare")
 		}
 	}
 	cfg.memSlack = int64(*memSlackMiB * (1 << 20))
@@ -381,10 +316,8 @@ type bench struct {
 	ncpu    int // cpus in /proc/stat
 
 	upstreamBin, bareBin, idemBin string
-	ceilingBin                    string
-	twinBin                       string // -ceiling-bin, absolute
+	abBin                         string // build B's binary, absolute
 	openBin                       string // the fixed-rate generator (internal/bench/openloop)
-	floorBin                      string // the scripts' driver of the floor phase (internal/bench/redisfloor)
 	script, eventTpl              string
 	redisAddr                     string
 	redis                         *proc
@@ -395,8 +328,6 @@ type bench struct {
 	notes    []string          // warnings printed under the table
 	opens    []openResult      // open-loop phases, one per delay
 	infos    []infoResult      // LOG_LEVEL=info phases, one per delay
-	floors   []floorResult     // floor phase, one per mode
-	profiles []string          // -perf reports, printed after the table
 }
 
 func (b *bench) main(ctx context.Context) int {
@@ -416,7 +347,6 @@ func (b *bench) main(ctx context.Context) int {
 		others[o] = true
 	}
 	var results []result
-	stopped := false
 	for _, d := range cfg.delays {
 		if !cfg.delayed() {
 			break
@@ -429,19 +359,7 @@ func (b *bench) main(ctx context.Context) int {
 				return exitError
 			}
 			b.notes = append(b.notes, "run stopped early: "+firstLine(err.Error()))
-			stopped = true
 			break
-		}
-	}
-	// After the delay groups: their upstream is stopped by then, and no
-	// proxy runs, so Redis has its core alone.
-	if slices.Contains(cfg.workloads, "floor") && !stopped && ctx.Err() == nil {
-		if err := b.floorPhase(ctx); err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			if len(results)+len(b.opens)+len(b.infos)+len(b.floors) == 0 || ctx.Err() != nil {
-				return exitError
-			}
-			b.notes = append(b.notes, "floor phase stopped early: "+firstLine(err.Error()))
 		}
 	}
 	var mem []memResult
@@ -506,9 +424,6 @@ func (b *bench) setup(ctx context.Context) error {
 	if err := ensureTools(ctx); err != nil {
 		return err
 	}
-	if _, err := exec.LookPath("perf"); cfg.perf && err != nil {
-		return errors.New("-perf: perf not found (Debian: apt-get install linux-perf)")
-	}
 	repo, err := filepath.Abs(cfg.repo)
 	if err != nil {
 		return err
@@ -533,28 +448,21 @@ func (b *bench) setup(ctx context.Context) error {
 	}
 	b.affinity = map[string]string{}
 
-	logf("building fake upstream, bare proxy, fixed-rate generator and Redis floor driver")
-	if err := goBuild(ctx, repo, cfg.workdir, "./internal/bench/upstream", "./internal/bench/bareproxy", "./internal/bench/openloop", "./internal/bench/redisfloor", "./internal/bench/ceilingproxy"); err != nil {
+	logf("building fake upstream, bare proxy and fixed-rate generator")
+	if err := goBuild(ctx, repo, cfg.workdir, "./internal/bench/upstream", "./internal/bench/bareproxy", "./internal/bench/openloop"); err != nil {
 		return err
 	}
 	b.openBin = filepath.Join(cfg.workdir, "openloop")
-	b.floorBin = filepath.Join(cfg.workdir, "redisfloor")
 	b.upstreamBin = filepath.Join(cfg.workdir, "upstream")
 	b.bareBin = filepath.Join(cfg.workdir, "bareproxy")
-	b.ceilingBin = filepath.Join(cfg.workdir, "ceilingproxy")
 	switch {
 	case cfg.idemBare:
 		b.idemBin = b.bareBin
 		logf("-idem-bare: a second bare proxy takes idemproxy's slot")
-	case cfg.idemCeiling != "":
-		b.idemBin = b.ceilingBin
-		logf("-idem-ceiling %s: the ceiling proxy takes idemproxy's slot", cfg.idemCeiling)
 	case cfg.idemBin != "":
 		if b.idemBin, err = filepath.Abs(cfg.idemBin); err != nil {
 			return err
 		}
-	case !cfg.delayed() && !cfg.mem:
-		// -only floor runs no proxy: the claim package is built into redisfloor.
 	default:
 		logf("building idemproxy from %s", repo)
 		b.idemBin = filepath.Join(cfg.workdir, "idemproxy")
@@ -564,11 +472,14 @@ func (b *bench) setup(ctx context.Context) error {
 			return fmt.Errorf("go build -o %s . (idemproxy) failed: %w\n%s\n(use -idem-bare to test the harness alone)", b.idemBin, err, out)
 		}
 	}
-	if cfg.twinBin != "" {
-		if b.twinBin, err = filepath.Abs(cfg.twinBin); err != nil {
+	b.abBin = b.idemBin
+	if cfg.abBin != "" {
+		if b.abBin, err = filepath.Abs(cfg.abBin); err != nil {
 			return err
 		}
-		logf("-ceiling-bin: %s alternates with idemproxy (%s) as the third target, idem(B)", b.twinBin, b.idemBin)
+	}
+	if cfg.ab {
+		logf("A/B: B (%s, %q) alternates with idemproxy (%s)", b.abBin, cfg.abEnv, b.idemBin)
 	}
 	b.script = filepath.Join(cfg.workdir, "workload.lua")
 	if err := os.WriteFile(b.script, []byte(workloadLua), 0o644); err != nil {
@@ -607,41 +518,6 @@ func (b *bench) setup(ctx context.Context) error {
 		return err
 	}
 	b.noteAffinity("redis", b.redis)
-	return b.checkRoutes(ctx)
-}
-
-// checkRoutes starts idemproxy once with the ROUTES of each selected workload
-// that has a rule of its own, before any round: a build that refuses the rule
-// (json1k's key=json:/id before issue 11) fails the run at once, saying why.
-func (b *bench) checkRoutes(ctx context.Context) error {
-	if b.cfg.idemBare || b.cfg.idemCeiling != "" {
-		return nil
-	}
-	port, err := freePort()
-	if err != nil {
-		return err
-	}
-	// Readiness needs Redis only: the upstream is never called.
-	none := &upstream{url: fmt.Sprintf("http://127.0.0.1:%d", port)}
-	for _, wl := range b.cfg.workloads {
-		ew, ok := eventWorkloads[wl]
-		if !ok {
-			continue
-		}
-		t, err := b.startTargetOnce(ctx, "idem", none, wl)
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			hint := ""
-			if strings.Contains(ew.rule, " key=") {
-				hint = "; the key= route option comes with issue 11: this idemproxy build may not have it yet." +
-					" Leave " + wl + " out of -only, or benchmark a build that has it with -idem-bin PATH"
-			}
-			return fmt.Errorf("workload %s: idemproxy refused to start with its ROUTES rule %q%s.\n%v", wl, ew.rule, hint, err)
-		}
-		t.p.stop()
-	}
 	return nil
 }
 
@@ -743,14 +619,9 @@ func logf(format string, args ...any) {
 }
 
 // noteAffinity records the cpus the kernel lets p run on, for the report.
-func (b *bench) noteAffinity(role string, p *proc) { b.notePidAffinity(role, p.pid()) }
-
-func (b *bench) notePidAffinity(role string, pid int) {
-	b2, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return
-	}
-	for _, l := range strings.Split(string(b2), "\n") {
+func (b *bench) noteAffinity(role string, p *proc) {
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.pid()))
+	for _, l := range strings.Split(string(status), "\n") {
 		if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok {
 			b.affinity[role] = strings.TrimSpace(v)
 		}
@@ -786,7 +657,7 @@ func (b *bench) startUpstream(ctx context.Context, delay time.Duration) (*upstre
 	return u, nil
 }
 
-type upstreamStats struct{ hits, conns, inflightMax int64 }
+type upstreamStats struct{ hits, inflightMax int64 }
 
 func (b *bench) upstreamStats(u *upstream, reset bool) (upstreamStats, error) {
 	url := u.url + "/stats"
@@ -804,14 +675,12 @@ func (b *bench) upstreamStats(u *upstream, reset bool) (upstreamStats, error) {
 	}
 	var v struct {
 		Hits        int64 `json:"hits"`
-		Conns       int64 `json:"conns"`
 		InflightMax int64 `json:"inflight_max"`
 	}
 	if err := json.Unmarshal(body, &v); err != nil {
 		return upstreamStats{}, fmt.Errorf("upstream /stats: %w", err)
 	}
-	s := upstreamStats{hits: v.Hits, conns: v.Conns, inflightMax: v.InflightMax}
-	return s, nil
+	return upstreamStats{hits: v.Hits, inflightMax: v.InflightMax}, nil
 }
 
 // target is one proxy under test: "bare" or "idem".
@@ -852,10 +721,6 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 		t.p, err = b.startProxy(kind, baseEnv(), logPath, b.bareBin,
 			"-listen", addr, "-upstream", up.url)
 		ready = func() error { return b.get(t.url + "/healthz") }
-	} else if mode := b.ceilingMode(kind); mode != "" && mode != ceilingStrings && mode != ceilingTwin {
-		t.p, err = b.startProxy(kind, baseEnv(), logPath, b.ceilingBin,
-			ceilingArgs(mode, addr, up.url, b.redisAddr)...)
-		ready = func() error { return b.get(t.url + "/healthz") }
 	} else {
 		aport, err2 := freePort()
 		if err2 != nil {
@@ -876,8 +741,8 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 			env = append(env, "LOG_LEVEL=warn")
 		}
 		bin := b.idemBin
-		if b.ceilingMode(kind) == ceilingTwin {
-			bin = b.twinBin
+		if kind == "b" {
+			bin = b.abBin
 		}
 		t.p, err = b.startProxy(kind, env, logPath, bin)
 		ready = func() error { return b.get("http://" + admin + "/readyz") }
@@ -895,19 +760,19 @@ func (b *bench) startTargetOnce(ctx context.Context, kind string, up *upstream, 
 
 // startProxy starts a proxy under test from a fresh copy of bin, made for
 // this process and removed when it exits (not before: taskset execs it after
-// Start returns, and perf reads its symbols). Two copies of one idemproxy
-// binary, each kept for a whole run, differed by 8 to 10 % in req/s and 7 to
-// 11 µs of CPU per first request, and the faster file stayed faster when the
-// two swapped slots (2026-11-25, -ceiling-bin): code runs from the page
-// cache's pages of its file, wherever they happen to lie, for as long as the
-// file stays cached. A copy per process turns that into noise from round to
-// round, which the medians take, instead of a bias for a whole run.
+// Start returns). Two copies of one idemproxy binary, each kept for a whole
+// run, differed by 8 to 10 % in req/s and 7 to 11 µs of CPU per first
+// request, and the faster file stayed faster when the two swapped slots of an
+// A/B run: code runs from the page cache's pages of its file, wherever they
+// happen to lie, for as long as the file stays cached. A copy per process
+// turns that into noise from round to round, which the medians take, instead
+// of a bias for a whole run.
 func (b *bench) startProxy(kind string, env []string, logPath, bin string, args ...string) (*proc, error) {
 	dir, err := os.MkdirTemp(b.cfg.workdir, "bin-")
 	if err != nil {
 		return nil, err
 	}
-	// The same base name: the kernel's comm (perf's process name) is the
+	// The same base name: the kernel's comm (a profiler's process name) is the
 	// file's.
 	cp := filepath.Join(dir, filepath.Base(bin))
 	if err := copyFile(cp, bin); err != nil {
@@ -939,68 +804,15 @@ func copyFile(dst, src string) error {
 	return out.Close()
 }
 
-// ceilingArgs are internal/bench/ceilingproxy's arguments in mode: "local"
-// gives it no Redis, "onewrite", "onehash" and "commands" their designs.
-func ceilingArgs(mode, listen, upstream, redisAddr string) []string {
-	design := "scripts"
-	switch mode {
-	case "local":
-		redisAddr = ""
-	case "onewrite", "onehash", "commands":
-		design = mode
-	}
-	return []string{"-listen", listen, "-upstream", upstream, "-redis", redisAddr, "-design", design}
-}
-
-// ceilingModes are the modes of -ceiling and -idem-ceiling.
-var ceilingModes = []string{"redis", "local", "onewrite", "onehash", "commands"}
-
-// ceilingStrings, as -ceiling, makes the third target idemproxy itself with
-// RECORD_FORMAT=string: the two record formats alternate in one run.
-const ceilingStrings = "strings"
-
-// ceilingTwin, as -ceiling, makes the third target the idemproxy binary of
-// -ceiling-bin (set by it).
-const ceilingTwin = "bin"
-
 // idemExtraEnv is what idemproxy's environment gets beyond the bench's own
 // when it runs as target kind in workload wl: -idem-env (with the
-// workload's routes), and RECORD_FORMAT=string as -ceiling strings' third
-// target, over any -idem-env RECORD_FORMAT; -ceiling-env as -ceiling-bin's,
-// over -idem-env too.
+// workload's routes), and for build B -ab-env after it.
 func (b *bench) idemExtraEnv(kind, wl string) []string {
 	env := idemEnvFor(b.cfg.idemEnv, wl)
-	switch b.ceilingMode(kind) {
-	case ceilingStrings:
-		env = append(env, "RECORD_FORMAT=string")
-	case ceilingTwin:
-		env = append(env, b.cfg.twinEnv...)
+	if kind == "b" {
+		env = append(env, b.cfg.abEnv...)
 	}
 	return env
-}
-
-// ceilingName is how the report names -ceiling's third target.
-func ceilingName(mode string) string {
-	switch mode {
-	case ceilingStrings:
-		return "idem(string)"
-	case ceilingTwin:
-		return "idem(B)"
-	}
-	return "ceiling(" + mode + ")"
-}
-
-// ceilingMode is the ceiling proxy's mode when target kind runs it: the
-// third target of -ceiling, or idemproxy's slot with -idem-ceiling; "" when
-// kind is idemproxy or the bare proxy.
-func (b *bench) ceilingMode(kind string) string {
-	switch {
-	case kind == "ceil":
-		return b.cfg.ceiling
-	case kind != "bare" && b.cfg.idemCeiling != "":
-		return b.cfg.idemCeiling
-	}
-	return ""
 }
 
 // get succeeds on a 2xx answer.

@@ -13,8 +13,8 @@ import (
 )
 
 type memResult struct {
-	line string
-	pass bool
+	lines []string // for the report
+	pass  bool
 }
 
 // memChecks runs the two memory checks on fresh bare and idemproxy processes;
@@ -46,20 +46,22 @@ func (b *bench) memChecks(ctx context.Context) ([]memResult, error) {
 	limit := cfg.maxStored + cfg.memSlack
 	growth := idem.peak - idem.base
 	pass := growth <= limit && idem.got == cfg.bigBytes && idem.status/100 == 2
-	retry := fmt.Sprintf("retry of the key: %d, %d B, Idempotent-Replayed: %v", idem.retryStatus, idem.retryBytes, idem.retryReplayed)
+	retry := fmt.Sprintf("its retry %d, %d B, replayed %v", idem.retryStatus, idem.retryBytes, idem.retryReplayed)
 	if cfg.idemBare {
-		retry = "retry not checked (-idem-bare)"
+		retry = "its retry not checked (-idem-bare)"
 	}
-	r1 := memResult{pass: pass, line: fmt.Sprintf(
-		"%d MiB response, with a key, read at ~%.0f MiB/s: status %d, %d B received; RSS %.1f → peak %.1f MiB (%+.1f MiB; bare proxy %+.1f MiB); limit MAX_STORED_RESPONSE_BYTES + slack = %+.1f MiB: %s; %s",
-		cfg.bigBytes>>20, idem.rateMiBs, idem.status, idem.got, mib(idem.base), mib(idem.peak), mib(growth),
-		mib(bare.peak-bare.base), mib(limit), passFail(pass), retry)}
+	r1 := memResult{pass: pass, lines: []string{
+		fmt.Sprintf("%d MiB answer, keyed, read at %.0f MiB/s: RSS %+.1f MiB [%+.1f]; limit %+.1f: %s",
+			cfg.bigBytes>>20, idem.rateMiBs, mib(growth), mib(bare.peak-bare.base), mib(limit), passFail(pass)),
+		fmt.Sprintf("  answered %d, %d B; %s", idem.status, idem.got, retry)}}
 
 	sb, si := slow[0], slow[1]
 	pass2 := si.peak < cfg.memLimit && si.ok == cfg.slowN
-	r2 := memResult{pass: pass2, line: fmt.Sprintf(
-		"%d concurrent slow requests (upstream holds each %v, one key each): answers %s, upstream in flight max %d, took %v; RSS %.1f → peak %.1f MiB (bare proxy %.1f → %.1f MiB); limit %d MiB: %s",
-		cfg.slowN, cfg.slow, si.statuses, si.inflightMax, si.took.Round(10*time.Millisecond), mib(si.base), mib(si.peak), mib(sb.base), mib(sb.peak), cfg.memLimit>>20, passFail(pass2))}
+	r2 := memResult{pass: pass2, lines: []string{
+		fmt.Sprintf("%d slow requests at once: peak RSS %.1f MiB [%.1f]; limit %d MiB: %s",
+			cfg.slowN, mib(si.peak), mib(sb.peak), cfg.memLimit>>20, passFail(pass2)),
+		fmt.Sprintf("  upstream holds each %v; answers %s; in flight at most %d; took %v",
+			cfg.slow, si.statuses, si.inflightMax, si.took.Round(10*time.Millisecond))}}
 	return []memResult{r1, r2}, nil
 }
 
@@ -67,9 +69,9 @@ func mib(b int64) float64 { return float64(b) / (1 << 20) }
 
 func passFail(ok bool) string {
 	if ok {
-		return "PASS"
+		return "pass"
 	}
-	return "FAIL"
+	return "fail"
 }
 
 // rssSampler records the maximum VmRSS of pid every interval until stopped.

@@ -13,11 +13,11 @@ import (
 	"time"
 )
 
-// The open-loop phase (issue 14): the unique workload sent at a fixed rate,
-// whatever the answers, so that the latency a proxy adds shows at a load it
-// can carry, not only at saturation as in the closed-loop (wrk) rounds. The
-// rate is -open-rate of the bare proxy's median req/s in its unique wrk rounds
-// at the same delay, measured first in this run.
+// The open-loop phase: the unique workload sent at fixed rates, whatever the
+// answers, so that the latency a proxy adds shows at a load it can carry,
+// not only at saturation as in the closed-loop (wrk) rounds. Each rate is a
+// fraction (-open-rates) of the bare proxy's median req/s in its unique wrk
+// rounds at the same delay, measured first in this run.
 //
 // The generator is a separate binary (internal/bench/openloop, the vegeta
 // library) that the driver runs like wrk: under taskset on the load
@@ -40,9 +40,10 @@ type openSample struct {
 	errors                  []string
 }
 
-// openResult is the open-loop phase at one delay.
+// openResult is the open-loop phase at one delay and rate.
 type openResult struct {
 	delay      time.Duration
+	frac       float64   // the rate's share of capacity (-open-rates)
 	capacity   float64   // bare proxy's median req/s in its unique wrk rounds
 	capRounds  []float64 // those rounds' req/s, when measured by this phase (unique not selected)
 	rate       int       // requests per second sent
@@ -96,13 +97,14 @@ func openCapacity(rs []result) float64 {
 	return 0
 }
 
-// openPhase runs the open-loop rounds at one delay; rs holds this delay's
-// closed-loop results.
+// openPhase runs the open-loop rounds at one delay, one rate of
+// -open-rates after the other; rs holds this delay's closed-loop results.
 func (b *bench) openPhase(ctx context.Context, up *upstream, delay time.Duration, rs []result) error {
 	cfg := b.cfg
-	res := openResult{delay: delay, capacity: openCapacity(rs)}
-	if res.capacity == 0 {
-		logf("delay=%-4v open: unique is not selected: measuring the bare proxy's capacity with %d wrk round(s) of unique", delay, cfg.rounds)
+	capacity := openCapacity(rs)
+	var capRounds []float64
+	if capacity == 0 {
+		logf("open %s: measuring the bare proxy's unique req/s first", delayString(delay))
 		var caps []sample
 		for r := 0; r < cfg.rounds; r++ {
 			s, err := b.round(ctx, up, "unique", "bare", r, delay)
@@ -111,30 +113,44 @@ func (b *bench) openPhase(ctx context.Context, up *upstream, delay time.Duration
 			}
 			b.logSample(delay, "unique", r, "bare", s)
 			caps = append(caps, s)
-			res.capRounds = append(res.capRounds, s.rps)
+			capRounds = append(capRounds, s.rps)
 		}
-		res.capacity = median(caps, func(s sample) float64 { return s.rps })
+		capacity = median(caps, func(s sample) float64 { return s.rps })
 	}
-	res.rate = max(1, int(math.Round(res.capacity*cfg.openFrac)))
-	logf("delay=%-4v open: %d req/s (%.0f %% of the bare proxy's %.0f req/s), %d round(s) of %v per target",
-		delay, res.rate, 100*cfg.openFrac, res.capacity, cfg.openRounds, cfg.openDuration)
-	defer func() {
+	for _, frac := range cfg.openFracs {
+		res := openResult{delay: delay, frac: frac, capacity: capacity, capRounds: capRounds}
+		res.rate = max(1, int(math.Round(capacity*frac)))
+		logf("open %s: %d req/s (%.0f %% of the bare proxy's %.0f)", delayString(delay), res.rate, 100*frac, capacity)
+		err := b.openRounds(ctx, up, &res)
 		if len(res.bare) > 0 || len(res.idem) > 0 {
 			b.opens = append(b.opens, res)
 		}
-	}()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// openRounds runs res's rounds, bare and idemproxy alternating.
+func (b *bench) openRounds(ctx context.Context, up *upstream, res *openResult) error {
+	cfg := b.cfg
 	for r := 0; r < cfg.openRounds; r++ {
 		order := []string{"bare", "idem"}
 		if r%2 == 1 {
 			order = []string{"idem", "bare"}
 		}
 		for _, kind := range order {
-			s, err := b.openRound(ctx, up, kind, r, delay, res.rate)
+			s, err := b.openRound(ctx, up, kind, r, res.delay, res.rate)
 			if err != nil {
-				return fmt.Errorf("open delay=%v round %d %s: %w", delay, r+1, kind, err)
+				return fmt.Errorf("open delay=%v rate %d round %d %s: %w", res.delay, res.rate, r+1, kind, err)
 			}
-			logf("delay=%-4v open   round %d/%d %-4s %6.0f req/s sent, %6.0f answered/s, success %.4f  p50 %6.2fms  p90 %6.2fms  p99 %7.2fms  max %7.2fms  cpu %6.1fµs/req  redis %5.1fµs/req | busy: proxy's cpu %s; generator %.0f%%, other processes %.0f%% of a core, steal %.1f%%",
-				delay, r+1, cfg.openRounds, kind, s.rate, s.throughput, s.success, s.p50, s.p90, s.p99, s.max, s.cpuUs, s.redisUs, pct(s.proxyCPUBusyPct), s.genPct, s.otherPct, s.steal)
+			logf("open %s %d/s %d/%d %s: %.0f answered/s, p50 %.2fms, p99 %.2fms, others %.0f%%",
+				delayString(res.delay), res.rate, r+1, cfg.openRounds, kind, s.throughput, s.p50, s.p99, s.otherPct)
+			if cfg.verbose {
+				logf("  sent %.0f/s, success %.4f, p90 %.2fms, max %.2fms, cpu %.1fµs/req, redis %.1fµs/req, busy: proxy's cpu %s; generator %.0f%%, steal %.1f%%",
+					s.rate, s.success, s.p90, s.max, s.cpuUs, s.redisUs, pct(s.proxyCPUBusyPct), s.genPct, s.steal)
+			}
 			if kind == "bare" {
 				res.bare = append(res.bare, s)
 			} else {
@@ -164,7 +180,7 @@ func (b *bench) openRound(ctx context.Context, up *upstream, kind string, r int,
 	argv := pinned(cfg.nice, cfg.cpus["wrk"], b.openBin,
 		"-url", t.url+workloadPath("unique"), "-rate", strconv.Itoa(rate),
 		"-duration", cfg.openDuration.String(), "-warmup", cfg.openWarmup.String(),
-		"-key-prefix", roundTag(b.runID, delay, "open", r, kind), "-body", benchBody,
+		"-key-prefix", roundTag(b.runID, delay, "open"+strconv.Itoa(rate), r, kind), "-body", benchBody,
 		"-timeout", timeout.String())
 	// The generator prints MEASURE when its warm-up is over: the window
 	// starts there; it ends when the generator has its last answer.
@@ -232,88 +248,84 @@ func openSampleOf(l openLine) openSample {
 	}
 }
 
-// issue 14's open-loop targets: idemproxy's first-request latency at most
-// this much above the bare proxy's, at the same fixed rate.
+// The open-loop targets: idemproxy's first-request latency at most this
+// much above the bare proxy's, at the same fixed rate.
 const (
 	openP50Slack = 0.2 // ms
 	openP99Slack = 0.5 // ms
 )
 
-// openReport is the open-loop section of the report.
-func openReport(opens []openResult, cfg *config, idemName string) []string {
+// ms prints a latency difference in ms with fewer decimals as it grows.
+func ms(v float64) string {
+	switch a := math.Abs(v); {
+	case a >= 100:
+		return fmt.Sprintf("%+.0f", v)
+	case a >= 10:
+		return fmt.Sprintf("%+.1f", v)
+	}
+	return fmt.Sprintf("%+.2f", v)
+}
+
+func p50Of(s openSample) float64 { return s.p50 }
+func p99Of(s openSample) float64 { return s.p99 }
+
+// added is idemproxy's median p50 and p99 less the bare proxy's, in ms.
+func (o openResult) added() (d50, d99 float64) {
+	return median(o.idem, p50Of) - median(o.bare, p50Of), median(o.idem, p99Of) - median(o.bare, p99Of)
+}
+
+// openReport is the open-loop section of the report: one row per delay and
+// rate.
+func openReport(opens []openResult, cfg *config) []string {
 	if len(opens) == 0 {
 		return nil
 	}
-	out := []string{
-		fmt.Sprintf("open loop (issue 14): the unique workload (a fresh Idempotency-Key per request) sent by vegeta (internal/bench/openloop, pinned to cpu %s) at a fixed rate,", cfg.cpus["wrk"]),
-		fmt.Sprintf("whatever the answers: %.0f %% of the bare proxy's median req/s in its unique wrk rounds at the same delay; %v warm-up at that rate, then %v measured;", 100*cfg.openFrac, cfg.openWarmup, cfg.openDuration),
-		fmt.Sprintf("medians of %d round(s) per target, rounds alternated, a fresh proxy process per round. Latency runs from each request's scheduled send.", cfg.openRounds),
-		"",
-	}
 	var sb strings.Builder
+	para(&sb, fmt.Sprintf("Open loop: the unique workload sent at a fixed rate whatever the answers (vegeta), "+
+		"a share of the bare proxy's unique req/s; %v warm-up, %v measured, %s, the targets alternating. "+
+		"Latency runs from each request's scheduled send; added is idemproxy's less the bare proxy's.",
+		cfg.openWarmup, cfg.openDuration, medians(cfg.openRounds)))
+	sb.WriteString("\n")
 	tw := newTable(&sb)
-	fmt.Fprintln(tw, "delay\ttarget\trate\tsent/s\tanswered/s\tsuccess\tp50\tp90\tp99\tmax\tcpu µs/req\tredis µs/req\tproxy's core busy\tfailed")
-	var below []string
+	fmt.Fprintln(tw, "delay\trate/s (of bare)\tanswered/s\tbare p50/p99 ms\tadded p50/p99 ms")
 	for _, o := range opens {
-		delay := delayString(o.delay)
-		row := func(name string, ss []openSample) {
-			var failed int64
-			for _, s := range ss {
-				failed += s.failed
-			}
-			med := func(f func(openSample) float64) float64 { return median(ss, f) }
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%.0f\t%.4f\t%.2fms\t%.2fms\t%.2fms\t%.2fms\t%.1f\t%.1f\t%s\t%d\n", delay, name, o.rate,
-				med(func(s openSample) float64 { return s.rate }),
-				med(func(s openSample) float64 { return s.throughput }),
-				med(func(s openSample) float64 { return s.success }),
-				med(func(s openSample) float64 { return s.p50 }),
-				med(func(s openSample) float64 { return s.p90 }),
-				med(func(s openSample) float64 { return s.p99 }),
-				med(func(s openSample) float64 { return s.max }),
-				med(func(s openSample) float64 { return s.cpuUs }),
-				med(func(s openSample) float64 { return s.redisUs }),
-				pct(med(func(s openSample) float64 { return s.proxyCPUBusyPct })),
-				failed)
-		}
-		row("bare", o.bare)
-		row(idemName, o.idem)
-		p50 := func(s openSample) float64 { return s.p50 }
-		p99 := func(s openSample) float64 { return s.p99 }
-		d50 := median(o.idem, p50) - median(o.bare, p50)
-		d99 := median(o.idem, p99) - median(o.bare, p99)
-		fmt.Fprintf(tw, "%s\t%s−bare\t\t\t\t\t%+.2fms\t%+.2fms\t%+.2fms\t%+.2fms\t\t\t\t\n", delay, idemName, d50,
-			median(o.idem, func(s openSample) float64 { return s.p90 })-median(o.bare, func(s openSample) float64 { return s.p90 }),
-			d99, median(o.idem, func(s openSample) float64 { return s.max })-median(o.bare, func(s openSample) float64 { return s.max }))
-		var pairs, other []string
-		var genMax float64
-		for i := 0; i < len(o.bare) && i < len(o.idem); i++ {
-			pairs = append(pairs, fmt.Sprintf("%+.2f/%+.2f", o.idem[i].p50-o.bare[i].p50, o.idem[i].p99-o.bare[i].p99))
-			other = append(other, fmt.Sprintf("%.0f/%.0f%%", o.bare[i].otherPct, o.idem[i].otherPct))
-			genMax = max(genMax, o.bare[i].genPct, o.idem[i].genPct)
-		}
-		capacity := fmt.Sprintf("rate %d req/s = %.0f %% of bare's %.0f req/s", o.rate, 100*cfg.openFrac, o.capacity)
-		if len(o.capRounds) > 0 {
-			var rr []string
-			for _, v := range o.capRounds {
-				rr = append(rr, fmt.Sprintf("%.0f", v))
-			}
-			capacity += " (bare-only unique wrk rounds of this phase: " + strings.Join(rr, ", ") + ")"
-		}
-		notes, invalid := openChecks(o, idemName)
-		verdict := ""
-		if invalid > 0 {
-			verdict = fmt.Sprintf(" — NOT VALID: in %d of %d rounds the generator or the bare proxy did not hold the rate (notes below)", invalid, len(o.bare)+len(o.idem))
-		}
-		below = append(below, fmt.Sprintf("open   delay %-4s %s: %s−bare p50 %+.2f ms, p99 %+.2f ms; issue 14 targets: p50 ≤ bare + %.1f ms %s, p99 ≤ bare + %.1f ms %s%s "+
-			"(per round pair p50/p99 ms %s; other processes, bare/idem: %s of a core; generator ≤%.0f%% of its core)",
-			delay, capacity, idemName, d50, d99, openP50Slack, metMark(d50 <= openP50Slack), openP99Slack, metMark(d99 <= openP99Slack), verdict,
-			strings.Join(pairs, " "), strings.Join(other, " "), genMax))
-		below = append(below, notes...)
+		d50, d99 := o.added()
+		fmt.Fprintf(tw, "%s\t%d (%.0f%%)\t%.0f\t%.2f/%.2f\t%s/%s\n", delayString(o.delay), o.rate, 100*o.frac,
+			median(o.idem, func(s openSample) float64 { return s.throughput }),
+			median(o.bare, p50Of), median(o.bare, p99Of), ms(d50), ms(d99))
 	}
 	tw.Flush()
-	out = append(out, strings.Split(strings.TrimRight(sb.String(), "\n"), "\n")...)
-	out = append(out, "")
-	return append(out, below...)
+	return strings.Split(strings.TrimRight(sb.String(), "\n"), "\n")
+}
+
+// openVerdicts judges the latency targets at every delay and rate.
+func openVerdicts(opens []openResult) []verdict {
+	var out []verdict
+	for _, o := range opens {
+		if len(o.bare) == 0 || len(o.idem) == 0 {
+			continue
+		}
+		d50, d99 := o.added()
+		at := fmt.Sprintf("open %.0f%%, delay %s", 100*o.frac, delayString(o.delay))
+		j50, j99 := judge(d50, openP50Slack, true, "%.2f ms"), judge(d99, openP99Slack, true, "%.2f ms")
+		if _, invalid := openChecks(o); invalid > 0 {
+			j50, j99 = "not valid (notes)", "not valid (notes)"
+		}
+		out = append(out,
+			verdict{fmt.Sprintf("%s: p50 ≤ bare + %.1f ms", at, openP50Slack), ms(d50) + " ms", j50},
+			verdict{fmt.Sprintf("%s: p99 ≤ bare + %.1f ms", at, openP99Slack), ms(d99) + " ms", j99})
+	}
+	return out
+}
+
+// openNotes are openChecks' notes of every delay and rate.
+func openNotes(opens []openResult) []string {
+	var out []string
+	for _, o := range opens {
+		n, _ := openChecks(o)
+		out = append(out, n...)
+	}
+	return out
 }
 
 // openChecks flags rounds whose figures are not latency at the rate: the
@@ -322,37 +334,31 @@ func openReport(opens []openResult, cfg *config, idemName string) []string {
 // that make the comparison meaningless: the generator's, and the bare
 // proxy's, since "added latency" needs a bare proxy that held the rate; an
 // idemproxy that cannot hold it is a result, not a fault of the measurement.
-func openChecks(o openResult, idemName string) (notes []string, invalid int) {
+func openChecks(o openResult) (notes []string, invalid int) {
 	check := func(name string, ss []openSample) {
 		for i, s := range ss {
+			at := fmt.Sprintf("open %d/s, delay %s, %s round %d: ", o.rate, delayString(o.delay), name, i+1)
 			switch {
 			case s.rate < 0.95*float64(o.rate):
 				invalid++
-				notes = append(notes, fmt.Sprintf("  NOTE: delay %s %s round %d: the generator sent only %.0f req/s of the %d asked (its own cpu %.0f %%, other processes %.0f %% of a core): a lighter load than asked",
-					delayString(o.delay), name, i+1, s.rate, o.rate, s.genPct, s.otherPct))
+				notes = append(notes, fmt.Sprintf("%sthe generator sent only %.0f/s (its own cpu %.0f %%, other processes %.0f %% of a core).",
+					at, s.rate, s.genPct, s.otherPct))
 			case s.throughput < 0.95*float64(o.rate) || s.success < 0.999:
 				if name == "bare" {
 					invalid++
 				}
 				errs := ""
 				if len(s.errors) > 0 {
-					errs = " (errors: " + strings.Join(s.errors, "; ") + ")"
+					errs = " Errors: " + strings.Join(s.errors, "; ") + "."
 				}
-				notes = append(notes, fmt.Sprintf("  NOTE: delay %s %s round %d: answered %.0f/s of %d/s sent, success %.4f, other processes %.0f %% of a core: the proxy did not keep up at this rate, so its latency is mostly queueing%s",
-					delayString(o.delay), name, i+1, s.throughput, o.rate, s.success, s.otherPct, errs))
+				notes = append(notes, fmt.Sprintf("%sanswered %.0f/s, success %.4f: the proxy did not keep up, so its latency is mostly queueing.%s",
+					at, s.throughput, s.success, errs))
 			}
 		}
 	}
 	check("bare", o.bare)
-	check(idemName, o.idem)
+	check("idem", o.idem)
 	return notes, invalid
-}
-
-func metMark(ok bool) string {
-	if ok {
-		return "met"
-	}
-	return "MISSED"
 }
 
 func delayString(d time.Duration) string {

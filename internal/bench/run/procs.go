@@ -261,7 +261,7 @@ func (a cpuTimes) sub(b cpuTimes) cpuTimes {
 }
 
 // runHelper runs one of the bench's own measuring programs (argv, from
-// pinned: redisfloor, openloop) to its end, in the bench's environment, and
+// pinned: openloop) to its end, in the bench's environment, and
 // calls onLine with each line of its standard output as it comes (the
 // window of a measurement opens and closes on such lines) and the
 // program's pid. It returns what the program printed on each stream; the

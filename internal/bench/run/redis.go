@@ -68,11 +68,9 @@ func redisInfoField(info, name string) string {
 
 // redisCounters are the INFO counters the bench compares across a window.
 type redisCounters struct {
-	reads    int64            // total_reads_processed: socket reads, each carrying one or more commands
-	commands int64            // total_commands_processed, commands run inside scripts included
-	calls    map[string]int64 // INFO commandstats calls per command
-	memory   int64            // used_memory: bytes the allocator gave Redis
-	keys     int64            // keys in db0 (INFO keyspace; 0 when empty)
+	calls  map[string]int64 // INFO commandstats calls per command, commands run inside scripts included
+	memory int64            // used_memory: bytes the allocator gave Redis
+	keys   int64            // keys in db0 (INFO keyspace; 0 when empty)
 }
 
 // readRedisCounters reads them with one INFO, so that a snapshot adds one
@@ -87,20 +85,11 @@ func readRedisCounters(addr string) (redisCounters, error) {
 
 func parseRedisCounters(info string) (redisCounters, error) {
 	c := redisCounters{calls: parseCommandStats(info)}
-	for _, f := range []struct {
-		name string
-		v    *int64
-	}{{"total_reads_processed", &c.reads}, {"total_commands_processed", &c.commands}} {
-		v := redisInfoField(info, f.name)
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return c, fmt.Errorf("redis INFO: %s is %q", f.name, v)
-		}
-		*f.v = n
+	var err error
+	if c.memory, err = strconv.ParseInt(redisInfoField(info, "used_memory"), 10, 64); err != nil {
+		return c, fmt.Errorf("redis INFO: no used_memory: %w", err)
 	}
-	// Absent before Redis's first allocation report (never) or, for keys,
-	// while db0 is empty: 0 then, not an error.
-	c.memory, _ = strconv.ParseInt(redisInfoField(info, "used_memory"), 10, 64)
+	// Absent while db0 is empty: 0 keys then, not an error.
 	for _, kv := range strings.Split(redisInfoField(info, "db0"), ",") {
 		if v, ok := strings.CutPrefix(kv, "keys="); ok {
 			c.keys, _ = strconv.ParseInt(v, 10, 64)

@@ -6,171 +6,159 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 )
 
-// target ratios of issue 5 (idemproxy/bare, 64 connections, upstream delay 0).
-type goal struct {
-	name   string
-	atMost bool
-	v      float64
+// width is the report's line length: tables are laid out and prose is
+// wrapped to fit it.
+const width = 80
+
+// verdict is one target judged on a run's medians.
+type verdict struct{ what, measured, outcome string }
+
+// judge says "met", or "missed by" how much, with the difference in format.
+func judge(v, limit float64, atMost bool, format string) string {
+	if (atMost && v <= limit) || (!atMost && v >= limit) {
+		return "met"
+	}
+	d := limit - v
+	if atMost {
+		d = v - limit
+	}
+	return "missed by " + fmt.Sprintf(format, d)
 }
 
-var goals = map[string][]goal{
-	"unique": {{"req/s", false, 0.90}, {"p99", true, 1.2}, {"cpu", true, 1.25}},
-	"replay": {{"req/s", false, 4.0}, {"p99", true, 0.5}, {"cpu", true, 0.4}},
+// goal is a target of idemproxy against the bare proxy in one closed-loop
+// workload at one upstream delay.
+type goal struct {
+	workload string
+	delay    time.Duration
+	what     string  // the figure and its bound, as printed
+	limit    float64 // the bound
+	atMost   bool
+	unit     string // how the figure is printed: "×" (a ratio to bare) or " µs"
+	value    func(r result) float64
+}
+
+func ratioOf(num, den []sample, f func(sample) float64) float64 {
+	if d := median(den, f); d != 0 {
+		return median(num, f) / d
+	}
+	return 0
+}
+
+func rps(s sample) float64     { return s.rps }
+func cpu(s sample) float64     { return s.cpuUs }
+func p99(s sample) float64     { return s.p99ms }
+func redisUs(s sample) float64 { return s.redisUs }
+
+// goals are the closed-loop targets: what a first request (unique) and a
+// replay may cost against the bare proxy.
+var goals = []goal{
+	{"unique", 0, "req/s ≥ 0.65× bare", 0.65, false, "×", func(r result) float64 { return ratioOf(r.idem, r.bare, rps) }},
+	{"unique", 2 * time.Millisecond, "req/s ≥ 0.70× bare", 0.70, false, "×", func(r result) float64 { return ratioOf(r.idem, r.bare, rps) }},
+	{"unique", 0, "proxy CPU ≤ 1.25× bare", 1.25, true, "×", func(r result) float64 { return ratioOf(r.idem, r.bare, cpu) }},
+	{"unique", 0, "Redis ≤ 15 µs/req", 15, true, " µs", func(r result) float64 { return median(r.idem, redisUs) }},
+	{"replay", 0, "req/s ≥ 4.0× bare", 4.0, false, "×", func(r result) float64 { return ratioOf(r.idem, r.bare, rps) }},
+	{"replay", 0, "p99 ≤ 0.5× bare", 0.5, true, "×", func(r result) float64 { return ratioOf(r.idem, r.bare, p99) }},
+	{"replay", 0, "proxy CPU ≤ 0.4× bare", 0.4, true, "×", func(r result) float64 { return ratioOf(r.idem, r.bare, cpu) }},
+}
+
+func closedVerdicts(results []result) []verdict {
+	var out []verdict
+	for _, g := range goals {
+		for _, r := range results {
+			if r.workload != g.workload || r.delay != g.delay || len(r.idem) == 0 || len(r.bare) == 0 {
+				continue
+			}
+			f := "%.2f" + g.unit
+			if g.unit != "×" {
+				f = "%.1f" + g.unit
+			}
+			v := g.value(r)
+			out = append(out, verdict{fmt.Sprintf("%s, delay %s: %s", g.workload, delayString(g.delay), g.what),
+				fmt.Sprintf(f, v), judge(v, g.limit, g.atMost, f)})
+		}
+	}
+	return out
+}
+
+// keySourceLimit bounds the proxy CPU per request of a key taken from the
+// JSON body (json1k) over one taken from the header (unique1k), in %.
+const keySourceLimit = 10.0
+
+// keySourceVerdicts compares json1k with unique1k at each delay where both ran.
+func keySourceVerdicts(results []result) []verdict {
+	var out []verdict
+	for _, j := range results {
+		if j.workload != "json1k" || len(j.idem) == 0 {
+			continue
+		}
+		for _, h := range results {
+			if h.workload == "unique1k" && h.delay == j.delay && len(h.idem) > 0 && median(h.idem, cpu) > 0 {
+				c := 100 * (median(j.idem, cpu)/median(h.idem, cpu) - 1)
+				out = append(out, verdict{fmt.Sprintf("json1k, delay %s: CPU ≤ +10 %% of unique1k", delayString(j.delay)),
+					fmt.Sprintf("%+.1f %%", c), judge(c, keySourceLimit, true, "%.1f %%")})
+			}
+		}
+	}
+	return out
 }
 
 func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpuTimes, load string) {
 	cfg := b.cfg
 	idemName := "idem"
-	switch {
-	case cfg.idemBare:
+	if cfg.idemBare {
 		idemName = "idem(bare)"
-	case cfg.idemCeiling != "":
-		idemName = "ceiling(" + cfg.idemCeiling + ")"
 	}
+	var notes []string
 	if len(results) > 0 {
-		fmt.Fprintf(w, "\nidemproxy benchmark: medians of %d round(s) per target, rounds alternated (bare,idem / idem,bare / …), a fresh proxy process per round;\n", cfg.rounds)
-		what := fmt.Sprintf("POST /v1/orders with a %d-byte JSON body", len(benchBody))
-		if !slices.ContainsFunc(cfg.workloads, func(wl string) bool { _, ok := eventWorkloads[wl]; return !ok }) {
-			what = "POST with a ~1 KiB JSON body (below)"
+		fmt.Fprintln(w)
+		para(w, fmt.Sprintf("Closed loop: wrk, %d connections, %v measured after %v warm-up; %s, "+
+			"the targets alternating, a fresh proxy process each round. req/s ×bare is idemproxy's median over the bare "+
+			"proxy's; proxy µs/req is each proxy process's CPU per request; Redis µs/req is redis-server's CPU per request "+
+			"through idemproxy.", cfg.conns, cfg.duration, cfg.warmup, medians(cfg.rounds)))
+		fmt.Fprintln(w)
+		tw := newTable(w)
+		build := ""
+		if cfg.ab {
+			build = "build\t"
 		}
-		fmt.Fprintf(w, "wrk %d connection(s), %d thread(s), %v measured after %v warm-up; %s; upstream answers 201 with ~200 bytes.\n\n",
-			cfg.conns, cfg.threads, cfg.duration, cfg.warmup, what)
-		if l := eventWorkloadsLine(cfg.workloads); l != "" {
-			fmt.Fprintln(w, l+"\n")
-		}
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "workload\tdelay\ttarget\treq/s\tp50\tp99\tcpu µs/req\tpeak rss\tredis µs/req\tupstream µs/req\tupstream/req\terrors")
-		var below, cmds []string
+		fmt.Fprintf(tw, "workload\tdelay\t%sreq/s ×bare\tproxy µs/req (×bare)\tRedis µs/req\n", build)
 		for _, r := range results {
-			delay := r.delay.String()
-			if r.delay == 0 {
-				delay = "0"
-			}
 			row := func(name string, ss []sample) {
-				var errs int64
-				for _, s := range ss {
-					errs += s.errs
+				if cfg.ab {
+					name += "\t"
+				} else {
+					name = ""
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%.2fms\t%.2fms\t%.1f\t%.1f MiB\t%.1f\t%.1f\t%.2f\t%d\n", r.workload, delay, name,
-					median(ss, func(s sample) float64 { return s.rps }),
-					median(ss, func(s sample) float64 { return s.p50ms }),
-					median(ss, func(s sample) float64 { return s.p99ms }),
-					median(ss, func(s sample) float64 { return s.cpuUs }),
-					median(ss, func(s sample) float64 { return s.rssMiB }),
-					median(ss, func(s sample) float64 { return s.redisUs }),
-					median(ss, func(s sample) float64 { return s.upstreamUs }),
-					median(ss, func(s sample) float64 { return s.upPerReq }),
-					errs)
+				fmt.Fprintf(tw, "%s\t%s\t%s%.2f×\t%.1f → %.1f (%.2f×)\t%.1f\n", r.workload, delayString(r.delay), name,
+					ratioOf(ss, r.bare, rps), median(r.bare, cpu), median(ss, cpu), ratioOf(ss, r.bare, cpu), median(ss, redisUs))
 			}
-			row("bare", r.bare)
 			row(idemName, r.idem)
-			ratioOf := func(num, den []sample, f func(sample) float64) float64 {
-				d := median(den, f)
-				if d == 0 {
-					return 0
-				}
-				return median(num, f) / d
-			}
-			ratio := func(f func(sample) float64) float64 { return ratioOf(r.idem, r.bare, f) }
-			rs := map[string]float64{
-				"req/s": ratio(func(s sample) float64 { return s.rps }),
-				"p50":   ratio(func(s sample) float64 { return s.p50ms }),
-				"p99":   ratio(func(s sample) float64 { return s.p99ms }),
-				"cpu":   ratio(func(s sample) float64 { return s.cpuUs }),
-				"rss":   ratio(func(s sample) float64 { return s.rssMiB }),
-			}
-			var pairs, other []string
-			var wrkMax float64
-			for i := 0; i < len(r.bare) && i < len(r.idem); i++ {
-				pairs = append(pairs, fmt.Sprintf("%.2f", r.idem[i].rps/r.bare[i].rps))
-				other = append(other, fmt.Sprintf("%.0f/%.0f%%", r.bare[i].otherPct, r.idem[i].otherPct))
-				wrkMax = max(wrkMax, r.bare[i].wrkPct, r.idem[i].wrkPct)
-			}
-			extra := fmt.Sprintf("%-6s delay %-4s req/s ratio per round pair %s (other processes, bare/idem: %s of a core; wrk ≤%.0f%% of its core)",
-				r.workload, delay, strings.Join(pairs, " "), strings.Join(other, " "), wrkMax)
-			if gs, ok := goals[r.workload]; ok && r.delay == 0 {
-				var parts []string
-				for _, g := range gs {
-					ok := rs[g.name] >= g.v
-					op := "≥"
-					if g.atMost {
-						ok, op = rs[g.name] <= g.v, "≤"
-					}
-					mark := "met"
-					if !ok {
-						mark = "MISSED"
-					}
-					parts = append(parts, fmt.Sprintf("%s %s%.2f %s", g.name, op, g.v, mark))
-				}
-				extra += "; issue 5 targets: " + strings.Join(parts, ", ")
-			}
-			below = append(below, extra)
-			if c := cmdsLine(r.idem); c != "" {
-				cmds = append(cmds, fmt.Sprintf("%-6s delay %-4s %s%s%s", r.workload, delay, c, readsLine(r.idem), keyBytesLine(r.idem)))
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s/bare\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t\t\t\t\n", r.workload, delay, idemName,
-				rs["req/s"], rs["p50"], rs["p99"], rs["cpu"], rs["rss"])
-			if len(r.ceil) > 0 {
-				ceilName := ceilingName(cfg.ceiling)
-				row(ceilName, r.ceil)
-				ratios := func(name string, num, den []sample) {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t%.2f×\t\t\t\t\n", r.workload, delay, name,
-						ratioOf(num, den, func(s sample) float64 { return s.rps }),
-						ratioOf(num, den, func(s sample) float64 { return s.p50ms }),
-						ratioOf(num, den, func(s sample) float64 { return s.p99ms }),
-						ratioOf(num, den, func(s sample) float64 { return s.cpuUs }),
-						ratioOf(num, den, func(s sample) float64 { return s.rssMiB }))
-				}
-				ratios(ceilName+"/bare", r.ceil, r.bare)
-				ratios(idemName+"/"+ceilName, r.idem, r.ceil)
-				var pairs []string
-				for i := 0; i < len(r.bare) && i < len(r.idem) && i < len(r.ceil); i++ {
-					pairs = append(pairs, fmt.Sprintf("%.2f/%.2f", r.idem[i].rps/r.bare[i].rps, r.ceil[i].rps/r.bare[i].rps))
-				}
-				below = append(below, fmt.Sprintf("%-6s delay %-4s req/s ratio to bare per round, idem/%s: %s", r.workload, delay, ceilName, strings.Join(pairs, " ")))
-				if c := cmdsLine(r.ceil); c != "" {
-					cmds = append(cmds, fmt.Sprintf("%-6s delay %-4s %s: %s%s%s", r.workload, delay, ceilName, c, readsLine(r.ceil), keyBytesLine(r.ceil)))
-				}
+			if len(r.b) > 0 {
+				row("idem(B)", r.b)
 			}
 		}
 		tw.Flush()
+		notes = roundNotes(results)
 		fmt.Fprintln(w)
-		for _, l := range below {
-			fmt.Fprintln(w, l)
+		para(w, perRoundLine(results, cfg.ab))
+		if l := eventWorkloadsLine(cfg.workloads); l != "" {
+			para(w, l)
 		}
-		if cmp := keySourceLines(results, idemName); len(cmp) > 0 {
-			fmt.Fprintln(w)
-			for _, l := range cmp {
-				fmt.Fprintln(w, l)
+		if cfg.verbose {
+			for _, r := range results {
+				if c := cmdsLine(r.idem); c != "" {
+					para(w, fmt.Sprintf("Redis per request, %s delay %s: %s%s", r.workload, delayString(r.delay), c, keyBytesLine(r.idem)))
+				}
 			}
-		}
-		if len(cmds) > 0 {
-			fmt.Fprintln(w, "\nRedis commands per request through "+idemName+" (INFO commandstats, medians; calls made inside Lua scripts count too),")
-			fmt.Fprintln(w, "Redis socket reads per request (INFO stats total_reads_processed; each read carries one command or a pipelined batch),")
-			fmt.Fprintln(w, "and Redis memory per key the measured window added, where it added keys (INFO used_memory over db0's keys; each holds the upstream's ~200-byte answer):")
-			for _, l := range cmds {
-				fmt.Fprintln(w, "  "+l)
-			}
-		}
-		fmt.Fprintln(w)
-		for _, l := range []string{
-			"cpu µs/req: utime+stime of the proxy process (/proc/<pid>/stat) over the measured window / requests. peak rss: VmHWM of",
-			"that process (a fresh one per round, so the warm-up counts). redis, upstream µs/req: CPU of those processes / requests.",
-			"upstream/req: upstream hits / requests (1 = forwarded, 0 = replayed). Ratios: idemproxy's median / bare's median.",
-			"other processes: CPU used during the round by everything but the benchmark's own processes, in % of one core (the",
-			"machine's noise). wrk near 100% of its core would mean the load generator, not the proxy, was the limit.",
-		} {
-			fmt.Fprintln(w, l)
 		}
 	}
-	for _, sec := range [][]string{infoReport(b.infos, cfg), openReport(b.opens, cfg, idemName), floorReport(b.floors, cfg, b.affinity)} {
+	for _, sec := range [][]string{openReport(b.opens, cfg), infoReport(b.infos)} {
 		if len(sec) > 0 {
 			fmt.Fprintln(w)
 			for _, l := range sec {
@@ -178,57 +166,158 @@ func (b *bench) report(w io.Writer, results []result, mem []memResult, steal cpu
 			}
 		}
 	}
-	if len(b.profiles) > 0 {
-		fmt.Fprintln(w, "\nperf profiles (perf record -g on the proxy's cpu during the warm-up of the first idemproxy round; entries over 1%; -keep keeps the data):")
-		for _, p := range b.profiles {
-			fmt.Fprintln(w, p)
+	var vs []verdict
+	vs = append(vs, closedVerdicts(results)...)
+	vs = append(vs, keySourceVerdicts(results)...)
+	vs = append(vs, openVerdicts(b.opens)...)
+	vs = append(vs, infoVerdicts(b.infos)...)
+	if len(vs) > 0 && !cfg.idemBare {
+		fmt.Fprintln(w, "\nTargets (measured, not checks: a miss does not fail the run):")
+		tw := newTable(w)
+		for _, v := range vs {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", v.what, v.measured, v.outcome)
+		}
+		tw.Flush()
+	}
+	if len(mem) > 0 {
+		fmt.Fprintln(w, "\nMemory (idemproxy; the bare proxy in brackets):")
+		for _, m := range mem {
+			for _, l := range m.lines {
+				fmt.Fprintln(w, "  "+l)
+			}
 		}
 	}
-	for _, n := range b.notes {
-		fmt.Fprintln(w, "NOTE:", n)
+	notes = append(notes, openNotes(b.opens)...)
+	notes = append(notes, b.notes...)
+	if len(notes) > 0 {
+		fmt.Fprintln(w)
+	}
+	for _, n := range notes {
+		para(w, "NOTE: "+n)
 	}
 	fmt.Fprintln(w)
-	if b.twinBin != "" {
-		// The saved report names the two builds it compared.
-		fmt.Fprintf(w, "builds: idem %s; idem(B) %s, -ceiling-env %q\n", b.idemBin, b.twinBin, b.cfg.twinEnv)
+	if cfg.ab {
+		para(w, fmt.Sprintf("builds: idem %s; idem(B) %s, -ab-env %q", b.idemBin, b.abBin, cfg.abEnv))
 	}
-	fmt.Fprintln(w, "cores: "+b.coresLine())
-	fmt.Fprintln(w, "machine: "+b.machineLine(steal, load))
-	if len(mem) > 0 {
-		fmt.Fprintln(w, "\nmemory checks (fresh proxy processes; figures and limits are idemproxy's, bare proxy for reference):")
-		for _, m := range mem {
-			fmt.Fprintln(w, "  "+m.line)
-		}
-	}
-	fmt.Fprintf(w, "\nbench took %v\n", time.Since(b.started).Round(time.Second))
+	para(w, "cores: "+b.coresLine())
+	para(w, "host: "+b.machineLine(steal, load))
 }
 
 func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0) }
 
+// para writes text word-wrapped to width, later lines indented by two.
+func para(w io.Writer, text string) {
+	line := ""
+	for _, word := range strings.Fields(text) {
+		if line != "" && len([]rune(line))+1+len([]rune(word)) > width {
+			fmt.Fprintln(w, line)
+			line = "  " + word
+			continue
+		}
+		if line != "" {
+			line += " "
+		}
+		line += word
+	}
+	if line != "" {
+		fmt.Fprintln(w, line)
+	}
+}
+
+// perRoundLine gives idemproxy's req/s ratio to bare in each round pair,
+// which shows how far the rounds of a run scatter; with build B, B's too.
+func perRoundLine(results []result, ab bool) string {
+	var parts []string
+	for _, r := range results {
+		var pairs []string
+		for i := 0; i < len(r.bare) && i < len(r.idem); i++ {
+			p := fmt.Sprintf("%.2f", r.idem[i].rps/r.bare[i].rps)
+			if ab && i < len(r.b) {
+				p += fmt.Sprintf("/%.2f", r.b[i].rps/r.bare[i].rps)
+			}
+			pairs = append(pairs, p)
+		}
+		parts = append(parts, fmt.Sprintf("%s %s: %s", r.workload, delayString(r.delay), strings.Join(pairs, " ")))
+	}
+	what := "req/s ×bare per round"
+	if ab {
+		what = "req/s ×bare per round, idem/idem(B)"
+	}
+	return what + ": " + strings.Join(parts, "; ") + "."
+}
+
+// medians says how many rounds' medians a table gives.
+func medians(rounds int) string {
+	if rounds == 1 {
+		return "one round each"
+	}
+	return fmt.Sprintf("medians of %d rounds", rounds)
+}
+
+// roundNotes flags rounds whose figures are suspect: failed requests, a
+// load generator at the limit of its core, other processes busy.
+func roundNotes(results []result) []string {
+	var notes, busy []string
+	var most float64
+	for _, r := range results {
+		var errs int64
+		var other, gen float64
+		for _, ss := range [][]sample{r.bare, r.idem, r.b} {
+			for _, s := range ss {
+				errs += s.errs
+				other, gen = max(other, s.otherPct), max(gen, s.wrkPct)
+			}
+		}
+		at := fmt.Sprintf("%s delay %s", r.workload, delayString(r.delay))
+		if errs > 0 {
+			notes = append(notes, fmt.Sprintf("%s: %d requests failed (status >= 400 or a socket error).", at, errs))
+		}
+		if gen > 90 {
+			notes = append(notes, fmt.Sprintf("%s: wrk used up to %.0f %% of its core: the load generator may have been the limit.", at, gen))
+		}
+		if other > 20 {
+			busy, most = append(busy, fmt.Sprintf("%s %.0f %%", at, other)), max(most, other)
+		}
+	}
+	if len(busy) > 0 {
+		notes = append(notes, fmt.Sprintf("other processes used up to %.0f %% of a core during the closed-loop rounds (%s): "+
+			"the figures are noisy.", most, strings.Join(busy, ", ")))
+	}
+	return notes
+}
+
+// coresLine says which roles shared which cpus (taskset -c).
 func (b *bench) coresLine() string {
 	c := b.cfg.cpus
-	seen := func(role string) string {
-		if a := b.affinity[role]; a != "" {
-			return a
+	byCPU := map[string][]string{}
+	var order []string
+	for _, role := range []string{"wrk", "proxy", "upstream", "redis"} {
+		if byCPU[c[role]] == nil {
+			order = append(order, c[role])
 		}
-		return "?"
+		byCPU[c[role]] = append(byCPU[c[role]], map[string]string{
+			"wrk": "wrk and the open-loop generator", "proxy": "the proxy under test",
+			"upstream": "the upstream", "redis": "redis-server"}[role])
 	}
-	if !b.cfg.delayed() && !b.cfg.mem { // -only floor: no proxy, no upstream, no wrk
-		return fmt.Sprintf("redisfloor pinned to cpu %s, redis-server alone on cpu %s (taskset -c; affinity read back from /proc: redisfloor %s, redis %s); "+
-			"redisfloor sizes GOMAXPROCS from its affinity; the driver waits on its core.", c["wrk"], c["redis"], seen("redisfloor"), seen("redis"))
+	var parts []string
+	for _, cpus := range order {
+		rs := byCPU[cpus]
+		who := rs[len(rs)-1]
+		if len(rs) > 1 {
+			who = strings.Join(rs[:len(rs)-1], ", ") + " and " + who
+		}
+		parts = append(parts, fmt.Sprintf("%s on cpu %s", who, cpus))
 	}
-	s := fmt.Sprintf("wrk (%d thread) pinned to cpu %s; proxy under test on cpu %s, upstream on cpu %s, redis-server on cpu %s "+
-		"(taskset -c; affinity read back from /proc: proxy %s, upstream %s, redis %s)",
-		b.cfg.threads, c["wrk"], c["proxy"], c["upstream"], c["redis"], seen("proxy"), seen("upstream"), seen("redis"))
-	if c["proxy"] == c["upstream"] && c["proxy"] == c["redis"] {
-		s += "; proxy, upstream and Redis share that one core, so a replay (no upstream work) frees core time for the proxy"
-	}
-	s += "; the Go processes size GOMAXPROCS from their affinity (1 per pinned core); the driver waits on the wrk core"
+	s := strings.Join(parts, "; ") + " (taskset; Go processes get GOMAXPROCS 1 per core)"
 	if b.cfg.nice != 0 {
-		s += fmt.Sprintf("; all of them run at nice %d", b.cfg.nice)
+		s += fmt.Sprintf(", at nice %d", b.cfg.nice)
 	}
-	s += "."
-	return s
+	for _, role := range []string{"proxy", "upstream", "redis"} {
+		if a := b.affinity[role]; a != "" && a != c[role] {
+			s += fmt.Sprintf("; %s ran on cpus %s, not %s as asked", role, a, c[role])
+		}
+	}
+	return s + "."
 }
 
 func (b *bench) machineLine(steal cpuTimes, load string) string {
@@ -246,8 +335,7 @@ func (b *bench) machineLine(steal cpuTimes, load string) string {
 	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
 	wrkV := "?"
 	if out, _ := exec.Command("wrk", "-v").CombinedOutput(); len(out) > 0 {
-		f := strings.Fields(firstLine(string(out)))
-		if len(f) > 1 {
+		if f := strings.Fields(firstLine(string(out))); len(f) > 1 {
 			wrkV = f[1]
 		}
 	}
@@ -257,11 +345,11 @@ func (b *bench) machineLine(steal cpuTimes, load string) string {
 	}
 	st := "?"
 	if steal.total > 0 {
-		st = fmt.Sprintf("%.1f%%", 100*float64(steal.steal)/float64(steal.total))
+		st = fmt.Sprintf("%.1f %%", 100*float64(steal.steal)/float64(steal.total))
 	}
-	return fmt.Sprintf("%s, nproc %d, %s, Linux %s, %s, wrk %s, redis %s; load average at start %s; cpu steal during the run %s",
-		time.Now().UTC().Format("2006-01-02 15:04 MST"), n, model, strings.TrimSpace(string(kernel)),
-		runtime.Version(), wrkV, redisV, load, st)
+	return fmt.Sprintf("%s, %d cpus, Linux %s; %s, wrk %s, Redis %s; %s, load average at start %s, cpu steal %s; took %v.",
+		model, n, strings.TrimSpace(string(kernel)), runtime.Version(), wrkV, redisV,
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), load, st, time.Since(b.started).Round(time.Second))
 }
 
 // cmdsLine lists the median Redis commands per request over rounds, most
@@ -279,8 +367,7 @@ func cmdsLine(ss []sample) string {
 	}
 	var list []cmd
 	for c := range names {
-		v := median(ss, func(s sample) float64 { return s.redisCmds[c] })
-		if v >= 0.005 {
+		if v := median(ss, func(s sample) float64 { return s.redisCmds[c] }); v >= 0.005 {
 			list = append(list, cmd{c, v})
 		}
 	}
@@ -297,29 +384,6 @@ func cmdsLine(ss []sample) string {
 	return strings.Join(parts, ", ")
 }
 
-// readsLine is the median Redis reads per request over rounds and the
-// scripts (EVALSHA, EVAL) per read they give, the pipeline depth Redis saw,
-// as "; reads 0.31 (6.5 scripts per read)"; for a design without scripts
-// (-ceiling commands) the commands per read; "" without reads.
-func readsLine(ss []sample) string {
-	reads := median(ss, func(s sample) float64 { return s.redisReads })
-	if reads <= 0 {
-		return ""
-	}
-	scripts := median(ss, func(s sample) float64 { return s.redisCmds["evalsha"] + s.redisCmds["eval"] })
-	if scripts > 0 {
-		return fmt.Sprintf("; reads %.2f (%.1f scripts per read)", reads, scripts/reads)
-	}
-	cmds := median(ss, func(s sample) float64 {
-		n := 0.0
-		for _, v := range s.redisCmds {
-			n += v
-		}
-		return n
-	})
-	return fmt.Sprintf("; reads %.2f (%.1f commands per read)", reads, cmds/reads)
-}
-
 // keyBytesLine gives the median Redis memory per key added in the window
 // ("" when no round added keys: a replay adds none).
 func keyBytesLine(ss []sample) string {
@@ -330,87 +394,15 @@ func keyBytesLine(ss []sample) string {
 	return fmt.Sprintf("; %.0f B of Redis memory per new key", b)
 }
 
-// eventWorkloadsLine describes the requests of the event workloads selected,
-// for the report's header ("" when none is).
+// eventWorkloadsLine describes the requests of the event workloads, when
+// one is selected ("" when none is).
 func eventWorkloadsLine(workloads []string) string {
-	var parts []string
 	for _, wl := range workloads {
-		ew, ok := eventWorkloads[wl]
-		if !ok {
-			continue
-		}
-		how := "key in the body's \"id\" only"
-		if ew.keyHeader {
-			how = "key in Idempotency-Key, the same as the body's \"id\""
-		}
-		parts = append(parts, fmt.Sprintf("%s: POST %s (idemproxy's ROUTES %q; %s)", wl, ew.path, ew.rule, how))
-	}
-	if len(parts) == 0 {
-		return ""
-	}
-	with := "with"
-	if len(parts) > 1 {
-		with = "both with"
-	}
-	return strings.Join(parts, "; ") + fmt.Sprintf(";\n%s a ~%d-byte Stripe event body (payment_intent.succeeded) whose \"id\" is fresh per request.",
-		with, len(eventBody(eventKeyPrefix+strings.Repeat("x", 42))))
-}
-
-// keySourceLines compares json1k with unique1k at each delay where both ran:
-// the proxy cpu per request of a key taken from the JSON body against one
-// taken from the header, on the same bodies (issue 11: at most +10 %). The
-// bare proxy, which gets the same requests and ignores keys, shows the noise.
-func keySourceLines(results []result, idemName string) []string {
-	type pair struct{ json, header *result }
-	var delays []time.Duration
-	byDelay := map[time.Duration]*pair{}
-	for i := range results {
-		r := &results[i]
-		if r.workload != "json1k" && r.workload != "unique1k" {
-			continue
-		}
-		p := byDelay[r.delay]
-		if p == nil {
-			p = &pair{}
-			byDelay[r.delay] = p
-			delays = append(delays, r.delay)
-		}
-		if r.workload == "json1k" {
-			p.json = r
-		} else {
-			p.header = r
+		if _, ok := eventWorkloads[wl]; ok {
+			return fmt.Sprintf("unique1k and json1k send a ~%d-byte Stripe event whose fresh \"id\" is the key: "+
+				"in Idempotency-Key too for unique1k (ROUTES %q), from the body for json1k (ROUTES %q).",
+				len(eventBody(eventKeyPrefix+strings.Repeat("x", 42))), eventWorkloads["unique1k"].rule, eventWorkloads["json1k"].rule)
 		}
 	}
-	cpu := func(s sample) float64 { return s.cpuUs }
-	change := func(a, b float64) string {
-		if b == 0 {
-			return "?"
-		}
-		return fmt.Sprintf("%+.1f %%", 100*(a/b-1))
-	}
-	var out []string
-	for _, d := range delays {
-		p := byDelay[d]
-		if p.json == nil || p.header == nil || len(p.json.idem) == 0 || len(p.header.idem) == 0 {
-			continue
-		}
-		delay := d.String()
-		if d == 0 {
-			delay = "0"
-		}
-		a, b := median(p.json.idem, cpu), median(p.header.idem, cpu)
-		mark := "met"
-		if b == 0 || a/b-1 > 0.10 {
-			mark = "MISSED"
-		}
-		var rounds []string
-		for i := 0; i < len(p.json.idem) && i < len(p.header.idem); i++ {
-			rounds = append(rounds, change(p.json.idem[i].cpuUs, p.header.idem[i].cpuUs))
-		}
-		out = append(out, fmt.Sprintf("json key source vs header key (1 KiB body, delay %s): proxy cpu µs/req %.1f vs %.1f = %s"+
-			" (%s medians; issue 11 target ≤ +10 %%: %s; per round %s; bare proxy, same requests: %.1f vs %.1f = %s)",
-			delay, a, b, change(a, b), idemName, mark, strings.Join(rounds, ", "),
-			median(p.json.bare, cpu), median(p.header.bare, cpu), change(median(p.json.bare, cpu), median(p.header.bare, cpu))))
-	}
-	return out
+	return ""
 }

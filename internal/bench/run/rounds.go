@@ -4,16 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -23,19 +18,16 @@ type sample struct {
 	cpuUs             float64 // proxy process utime+stime per request
 	rssMiB            float64 // VmHWM of the (fresh) proxy process
 	upPerReq          float64 // upstream hits per request
-	upConns           int64   // connections the upstream accepted in the window
 	redisUs           float64 // redis-server utime+stime per request
 	upstreamUs        float64 // upstream process utime+stime per request
 	requests, errs    int64
 	proxyCPUBusyPct   float64            // busy share of the proxy's cpu in the window, -1 if unknown
 	wrkCPUBusyPct     float64            // same for wrk's cpu
 	redisCmds         map[string]float64 // Redis commands per request (INFO commandstats), script-internal calls included
-	redisReads        float64            // Redis socket reads per request (INFO stats total_reads_processed)
 	redisKeyBytes     float64            // Redis memory per key the window added (used_memory over keys), 0 if none
 	stealPct          float64
 	wrkPct            float64 // wrk's own CPU time, % of one core over the window
 	otherPct          float64 // CPU of every process but ours, % of one core (the noise)
-	logBytes          float64 // bytes the proxy wrote to its stdout/stderr log per request
 }
 
 // result holds every round of one (workload, delay).
@@ -43,7 +35,7 @@ type result struct {
 	workload   string
 	delay      time.Duration
 	bare, idem []sample
-	ceil       []sample // -ceiling: the ceiling proxy's rounds, else none
+	b          []sample // build B's rounds (-ab-bin, -ab-env), else none
 }
 
 // delayGroup runs every workload against an upstream with this delay.
@@ -55,12 +47,12 @@ func (b *bench) delayGroup(ctx context.Context, delay time.Duration) ([]result, 
 	defer up.p.stop()
 	var out []result
 	for _, wl := range b.cfg.workloads {
-		if wl == "open" || wl == "info" || wl == "floor" {
-			continue // after the closed-loop workloads: below, and floor once for all delays
+		if wl == "open" || wl == "info" {
+			continue // after the closed-loop workloads, below
 		}
 		res := result{workload: wl, delay: delay}
 		for r := 0; r < b.cfg.rounds; r++ {
-			for _, kind := range roundOrder(r, b.cfg.ceiling != "") {
+			for _, kind := range roundOrder(r, b.cfg.ab) {
 				s, err := b.round(ctx, up, wl, kind, r, delay)
 				if err != nil {
 					if len(res.bare) > 0 && len(res.idem) > 0 {
@@ -72,8 +64,8 @@ func (b *bench) delayGroup(ctx context.Context, delay time.Duration) ([]result, 
 				switch kind {
 				case "bare":
 					res.bare = append(res.bare, s)
-				case "ceil":
-					res.ceil = append(res.ceil, s)
+				case "b":
+					res.b = append(res.b, s)
 				default:
 					res.idem = append(res.idem, s)
 				}
@@ -100,8 +92,8 @@ func (b *bench) delayGroup(ctx context.Context, delay time.Duration) ([]result, 
 // of any two goes before the other three times: a rotation alone (the first
 // three) puts idemproxy before the third target in two rounds of three, and
 // a drift of the machine's speed during a run would favour one of them.
-func roundOrder(r int, ceiling bool) []string {
-	if !ceiling {
+func roundOrder(r int, third bool) []string {
+	if !third {
 		if r%2 == 1 {
 			return []string{"idem", "bare"}
 		}
@@ -111,18 +103,22 @@ func roundOrder(r int, ceiling bool) []string {
 }
 
 var thirdTargetOrders = [...][]string{
-	{"bare", "idem", "ceil"},
-	{"idem", "ceil", "bare"},
-	{"ceil", "bare", "idem"},
-	{"bare", "ceil", "idem"},
-	{"ceil", "idem", "bare"},
-	{"idem", "bare", "ceil"},
+	{"bare", "idem", "b"},
+	{"idem", "b", "bare"},
+	{"b", "bare", "idem"},
+	{"bare", "b", "idem"},
+	{"b", "idem", "bare"},
+	{"idem", "bare", "b"},
 }
 
-// logSample prints one measured wrk round on stderr.
+// logSample prints one measured wrk round on stderr; -v adds the rest.
 func (b *bench) logSample(delay time.Duration, wl string, r int, kind string, s sample) {
-	logf("delay=%-4v %-6s round %d/%d %-4s %8.0f req/s  p50 %6.2fms  p99 %6.2fms  cpu %6.1fµs/req  rss %5.1fMiB  upstream/req %.2f  redis %5.1fµs/req  upstream %5.1fµs/req  new upstream conns %d  errors %d | busy: proxy's cpu %s, wrk's cpu %s; wrk itself %.0f%%, other processes %.0f%% of a core, steal %.1f%%",
-		delay, wl, r+1, b.cfg.rounds, kind, s.rps, s.p50ms, s.p99ms, s.cpuUs, s.rssMiB, s.upPerReq, s.redisUs, s.upstreamUs, s.upConns, s.errs, pct(s.proxyCPUBusyPct), pct(s.wrkCPUBusyPct), s.wrkPct, s.otherPct, s.stealPct)
+	logf("%s %s %d/%d %s: %.0f req/s, p99 %.2fms, cpu %.1fµs, redis %.1fµs, others %.0f%%",
+		wl, delayString(delay), r+1, b.cfg.rounds, kind, s.rps, s.p99ms, s.cpuUs, s.redisUs, s.otherPct)
+	if b.cfg.verbose {
+		logf("  p50 %.2fms, rss %.1fMiB, upstream/req %.2f, upstream %.1fµs/req, errors %d, busy: proxy's cpu %s, wrk's cpu %s; wrk itself %.0f%%, steal %.1f%%",
+			s.p50ms, s.rssMiB, s.upPerReq, s.upstreamUs, s.errs, pct(s.proxyCPUBusyPct), pct(s.wrkCPUBusyPct), s.wrkPct, s.stealPct)
+	}
 }
 
 func pct(v float64) string {
@@ -152,23 +148,11 @@ func (b *bench) round(ctx context.Context, up *upstream, wl, kind string, r int,
 	if err := b.prime(ctx, url, wl, pprefix); err != nil {
 		return sample{}, err
 	}
-	if kind == "idem" && !cfg.idemBare && cfg.idemCeiling != "local" && r == 0 {
+	if kind == "idem" && !cfg.idemBare && r == 0 {
 		b.probe(ctx, url, pprefix, tag, wl)
 	}
 	if cfg.warmup > 0 {
-		var perf *proc
-		perfData := filepath.Join(cfg.workdir, fmt.Sprintf("perf-%s-%dus.data", wl, delay.Microseconds()))
-		if cfg.perf && kind == "idem" && r == 0 {
-			if perf, err = b.startPerf(ctx, perfData); err != nil {
-				return sample{}, err
-			}
-		}
-		_, _, err := b.wrk.run(ctx, url, wl, tag+"-w", pprefix, cfg.primed, cfg.warmup)
-		if perf != nil {
-			perf.stop() // SIGTERM: perf writes its data and exits
-			b.profiles = append(b.profiles, b.perfReport(ctx, perfData, fmt.Sprintf("%s delay %v", wl, delay)))
-		}
-		if err != nil {
+		if _, _, err := b.wrk.run(ctx, url, wl, tag+"-w", pprefix, cfg.primed, cfg.warmup); err != nil {
 			return sample{}, fmt.Errorf("warm-up: %w", err)
 		}
 	}
@@ -205,7 +189,6 @@ func (b *bench) round(ctx context.Context, up *upstream, wl, kind string, r int,
 		cpuUs:           perReqUs(s1.proxy - s0.proxy),
 		rssMiB:          float64(mem["VmHWM"]) / 1024,
 		upPerReq:        float64(s1.hits-s0.hits) / float64(res.requests),
-		upConns:         s1.conns - s0.conns,
 		redisUs:         perReqUs(s1.redis - s0.redis),
 		upstreamUs:      perReqUs(s1.upstream - s0.upstream),
 		requests:        res.requests,
@@ -221,12 +204,10 @@ func (b *bench) round(ctx context.Context, up *upstream, wl, kind string, r int,
 			smp.redisCmds[c] = float64(d) / float64(res.requests)
 		}
 	}
-	smp.redisReads = float64(s1.red.reads-s0.red.reads) / float64(res.requests)
 	if k := s1.red.keys - s0.red.keys; k > 0 {
 		smp.redisKeyBytes = float64(s1.red.memory-s0.red.memory) / float64(k)
 	}
 	smp.stealPct, smp.wrkPct, smp.otherPct = b.noise(s0, s1, res.cpu)
-	smp.logBytes = float64(s1.logBytes-s0.logBytes) / float64(res.requests)
 	return smp, nil
 }
 
@@ -234,10 +215,9 @@ func (b *bench) round(ctx context.Context, up *upstream, wl, kind string, r int,
 type snap struct {
 	proxy, redis, upstream int64 // utime+stime ticks of each process
 	self                   int64 // the driver's own
-	hits, conns            int64 // upstream counters
+	hits                   int64 // upstream requests
 	core, wrkCore, all     cpuTimes
 	red                    redisCounters // Redis INFO counters
-	logBytes               int64         // size of the proxy's stdout+stderr log
 }
 
 // snapshot reads the counters of target t, Redis, the upstream and the cpus.
@@ -256,7 +236,7 @@ func (b *bench) snapshot(t *target, up *upstream) (snap, error) {
 	s.self, _ = cpuTicks(os.Getpid())
 	var st upstreamStats
 	st, e[3] = b.upstreamStats(up, false)
-	s.hits, s.conns = st.hits, st.conns
+	s.hits = st.hits
 	if c := cpuLine("proxy"); c != "" {
 		s.core, _ = readCPUTimes(c)
 	}
@@ -265,9 +245,6 @@ func (b *bench) snapshot(t *target, up *upstream) (snap, error) {
 	}
 	s.red, e[4] = readRedisCounters(b.redisAddr)
 	s.all, _ = readCPUTimes("cpu")
-	if fi, err := os.Stat(t.p.log); err == nil {
-		s.logBytes = fi.Size()
-	}
 	return s, errors.Join(e[:]...)
 }
 
@@ -376,86 +353,4 @@ func median[T any](ss []T, f func(T) float64) float64 {
 		return v[n/2]
 	}
 	return (v[n/2-1] + v[n/2]) / 2
-}
-
-// startPerf starts perf record on the proxy's cpu and returns once perf has
-// acknowledged that its events are enabled (perf takes a while to start on a
-// loaded machine; the warm-up must not begin before it samples).
-func (b *bench) startPerf(ctx context.Context, data string) (*proc, error) {
-	ctl, ack := data+".ctl", data+".ack"
-	for _, f := range []string{ctl, ack} {
-		if err := syscall.Mkfifo(f, 0o600); err != nil {
-			return nil, fmt.Errorf("mkfifo %s: %w", f, err)
-		}
-	}
-	// O_RDWR: opening a fifo this way never blocks waiting for the other end.
-	fc, err := os.OpenFile(ctl, os.O_RDWR, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer fc.Close()
-	fa, err := os.OpenFile(ack, os.O_RDWR, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer fa.Close()
-	p, err := b.procs.start("perf", b.cfg.cpus["wrk"], baseEnv(), data+".log", "perf", "record",
-		"-F", "999", "-g", "-D", "-1", "--control", "fifo:"+ctl+","+ack, "-o", data, "-C", b.cfg.cpus["proxy"])
-	if err != nil {
-		return nil, err
-	}
-	if _, err := fc.WriteString("enable\n"); err != nil {
-		p.stop()
-		return nil, err
-	}
-	_ = fa.SetReadDeadline(time.Now().Add(20 * time.Second))
-	buf := make([]byte, 4)
-	if _, err := io.ReadFull(fa, buf); err != nil || string(buf) != "ack\n" {
-		p.stop()
-		return nil, fmt.Errorf("perf record did not acknowledge enable (%q, %v); log:\n%s", buf, err, p.logTail(10))
-	}
-	return p, nil
-}
-
-// perfReport summarises a perf recording of the proxy's cpu: the share of
-// each process; the proxy's functions from github.com packages (its own and
-// its dependencies), net/http/httputil, encoding and crypto with the share of
-// the proxy's samples spent in them and their callees; the top self-time
-// symbols.
-func (b *bench) perfReport(ctx context.Context, data, title string) string {
-	comm := filepath.Base(b.idemBin)
-	if len(comm) > 15 {
-		comm = comm[:15] // the kernel's comm is 15 bytes
-	}
-	report := func(max int, keep func(string) bool, args ...string) string {
-		args = append([]string{"report", "-i", data, "--stdio", "-g", "none", "--percent-limit", "1"}, args...)
-		out, err := exec.CommandContext(ctx, "perf", args...).CombinedOutput()
-		if err != nil {
-			return fmt.Sprintf("    perf %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		var lines []string
-		for _, l := range strings.Split(string(out), "\n") {
-			if t := strings.TrimSpace(l); t == "" || strings.HasPrefix(t, "#") || !keep(t) {
-				continue
-			}
-			lines = append(lines, "    "+strings.Join(strings.Fields(l), " "))
-			if len(lines) == max {
-				break
-			}
-		}
-		return strings.Join(lines, "\n")
-	}
-	all := func(string) bool { return true }
-	interesting := func(l string) bool {
-		for _, p := range []string{"github.com/", "net/http/httputil", "encoding/", "crypto/", "runtime.gcBgMarkWorker "} {
-			if strings.Contains(l, p) {
-				return true
-			}
-		}
-		return strings.HasSuffix(l, "runtime.gcBgMarkWorker")
-	}
-	return fmt.Sprintf("  %s (%s)\n  cpu %s by process:\n%s\n  %s, inclusive (%% of %s's samples in the function and its callees, self %%):\n%s\n  %s, self time:\n%s",
-		title, data, b.cfg.cpus["proxy"], report(8, all, "--no-children", "--sort", "comm"),
-		comm, comm, report(30, interesting, "--children", "--comms", comm, "--percentage", "relative", "--sort", "sym"),
-		comm, report(12, all, "--no-children", "--comms", comm, "--percentage", "relative", "--sort", "dso,sym"))
 }
