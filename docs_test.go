@@ -14,7 +14,7 @@ import (
 )
 
 // TestVariablesDocumented: every variable Config reads is documented in the
-// README's Configuration section, listed in config.example.env, and has a
+// Variables section of docs/configuration.md, listed in config.example.env, and has a
 // key in the chart (values.yaml, rendered by the ConfigMap or, for
 // credentials, the Deployment from a Secret); and none of them lists a
 // variable the proxy does not read.
@@ -34,10 +34,10 @@ func TestVariablesDocumented(t *testing.T) {
 		}
 		return string(b)
 	}
-	readme := read("README.md")
-	start, end := strings.Index(readme, "## Configuration"), strings.Index(readme, "### `ROUTES`")
+	readme := read("docs/configuration.md")
+	start, end := strings.Index(readme, "## Variables"), strings.Index(readme, "## `ROUTES`")
 	if start < 0 || end < start {
-		t.Fatal("README: no Configuration section")
+		t.Fatal("docs/configuration.md: no Variables section")
 	}
 	example := read("config.example.env")
 	exampleVars := regexp.MustCompile(`(?m)^([A-Z][A-Z0-9_]*)=`).FindAllStringSubmatch(example, -1)
@@ -45,7 +45,7 @@ func TestVariablesDocumented(t *testing.T) {
 	templates := read("charts/idemproxy/templates/configmap.yaml") + read("charts/idemproxy/templates/deployment.yaml")
 	for _, v := range vars {
 		if !strings.Contains(readme[start:end], "`"+v+"`") {
-			t.Errorf("README Configuration does not document %s", v)
+			t.Errorf("docs/configuration.md Variables does not document %s", v)
 		}
 		if !regexp.MustCompile(`(?m)^` + v + `=`).MatchString(example) {
 			t.Errorf("config.example.env does not list %s", v)
