@@ -65,8 +65,8 @@ func TestVariablesDocumented(t *testing.T) {
 }
 
 // TestMetricsDocumented: every idemproxy_* metric family the proxy exports
-// has a row in the README's metrics table, and every row names one it
-// exports.
+// has a row in the metrics table of docs/operations.md, and every row names
+// one it exports.
 func TestMetricsDocumented(t *testing.T) {
 	up := newUpstream(t)
 	mr := miniredis.RunT(t)
@@ -82,7 +82,7 @@ func TestMetricsDocumented(t *testing.T) {
 	for _, m := range regexp.MustCompile(`(?m)^# HELP (idemproxy_\w+) `).FindAllStringSubmatch(getBody(t, c, "http://"+a.adminAddr.String()+"/metrics"), -1) {
 		exported[m[1]] = true
 	}
-	b, err := os.ReadFile("README.md")
+	b, err := os.ReadFile("docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,12 +95,12 @@ func TestMetricsDocumented(t *testing.T) {
 	}
 	for name := range exported {
 		if !documented[name] {
-			t.Errorf("README's metrics table has no row for %s", name)
+			t.Errorf("docs/operations.md's metrics table has no row for %s", name)
 		}
 	}
 	for name := range documented {
 		if !exported[name] {
-			t.Errorf("README's metrics table documents %s, which the proxy does not export", name)
+			t.Errorf("docs/operations.md's metrics table documents %s, which the proxy does not export", name)
 		}
 	}
 }
