@@ -14,7 +14,7 @@ import (
 )
 
 // TestVariablesDocumented: every variable Config reads is documented in the
-// README's Configuration section, listed in config.example.env, and has a
+// Variables section of docs/configuration.md, listed in config.example.env, and has a
 // key in the chart (values.yaml, rendered by the ConfigMap or, for
 // credentials, the Deployment from a Secret); and none of them lists a
 // variable the proxy does not read.
@@ -34,10 +34,10 @@ func TestVariablesDocumented(t *testing.T) {
 		}
 		return string(b)
 	}
-	readme := read("README.md")
-	start, end := strings.Index(readme, "## Configuration"), strings.Index(readme, "### `ROUTES`")
+	readme := read("docs/configuration.md")
+	start, end := strings.Index(readme, "## Variables"), strings.Index(readme, "## `ROUTES`")
 	if start < 0 || end < start {
-		t.Fatal("README: no Configuration section")
+		t.Fatal("docs/configuration.md: no Variables section")
 	}
 	example := read("config.example.env")
 	exampleVars := regexp.MustCompile(`(?m)^([A-Z][A-Z0-9_]*)=`).FindAllStringSubmatch(example, -1)
@@ -45,7 +45,7 @@ func TestVariablesDocumented(t *testing.T) {
 	templates := read("charts/idemproxy/templates/configmap.yaml") + read("charts/idemproxy/templates/deployment.yaml")
 	for _, v := range vars {
 		if !strings.Contains(readme[start:end], "`"+v+"`") {
-			t.Errorf("README Configuration does not document %s", v)
+			t.Errorf("docs/configuration.md Variables does not document %s", v)
 		}
 		if !regexp.MustCompile(`(?m)^` + v + `=`).MatchString(example) {
 			t.Errorf("config.example.env does not list %s", v)
@@ -65,8 +65,8 @@ func TestVariablesDocumented(t *testing.T) {
 }
 
 // TestMetricsDocumented: every idemproxy_* metric family the proxy exports
-// has a row in the README's metrics table, and every row names one it
-// exports.
+// has a row in the metrics table of docs/operations.md, and every row names
+// one it exports.
 func TestMetricsDocumented(t *testing.T) {
 	up := newUpstream(t)
 	mr := miniredis.RunT(t)
@@ -82,7 +82,7 @@ func TestMetricsDocumented(t *testing.T) {
 	for _, m := range regexp.MustCompile(`(?m)^# HELP (idemproxy_\w+) `).FindAllStringSubmatch(getBody(t, c, "http://"+a.adminAddr.String()+"/metrics"), -1) {
 		exported[m[1]] = true
 	}
-	b, err := os.ReadFile("README.md")
+	b, err := os.ReadFile("docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,12 +95,12 @@ func TestMetricsDocumented(t *testing.T) {
 	}
 	for name := range exported {
 		if !documented[name] {
-			t.Errorf("README's metrics table has no row for %s", name)
+			t.Errorf("docs/operations.md's metrics table has no row for %s", name)
 		}
 	}
 	for name := range documented {
 		if !exported[name] {
-			t.Errorf("README's metrics table documents %s, which the proxy does not export", name)
+			t.Errorf("docs/operations.md's metrics table documents %s, which the proxy does not export", name)
 		}
 	}
 }

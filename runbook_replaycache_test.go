@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// TestRunbookReplayCacheOffFailMode: the runbook "### IdemproxyReplayCacheOff" says
+// TestRunbookReplayCacheOffFailMode: the runbook "## IdemproxyReplayCacheOff" (docs/runbook.md) says
 // "Nothing is replayed wrongly and nothing executes twice; replays cost a Redis round trip
 // each", and lists "Redis unreachable from the pod" among its causes. While Redis is
 // unreachable replays are not read from Redis: they follow FAIL_MODE, and with FAIL_MODE=open a
@@ -14,12 +14,12 @@ import (
 // metric's own row says "or follow FAIL_MODE while it is unreachable"). The section, and the
 // alerts-table row ("every replay is read from Redis"), should say so.
 func TestRunbookReplayCacheOffFailMode(t *testing.T) {
-	b, err := os.ReadFile("README.md")
+	b, err := os.ReadFile("docs/runbook.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	readme := string(b)
-	_, sec, ok := strings.Cut(readme, "\n### IdemproxyReplayCacheOff\n")
+	_, sec, ok := strings.Cut(readme, "\n## IdemproxyReplayCacheOff\n")
 	if !ok {
 		t.Fatal("no runbook section")
 	}

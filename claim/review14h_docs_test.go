@@ -12,7 +12,7 @@ import (
 	"github.com/idemproxy/idemproxy/scripts"
 )
 
-// TestReview14hReadmeCommandsLargeAnswer (nit): README "Record format":
+// TestReview14hReadmeCommandsLargeAnswer (nit): docs/operations.md "Record format":
 // with RECORD_FORMAT=string "A first request runs 5: TIME and SET … NX PX to
 // claim; GET, TIME, SET … PX to complete".
 // An answer over 64 KiB (MAX_STORED_RESPONSE_BYTES allows 64 MiB) is
@@ -43,14 +43,14 @@ func TestReview14hReadmeCommandsLargeAnswer(t *testing.T) {
 	if got := commandStats(t, info); !reflect.DeepEqual(got, want) {
 		t.Errorf("a first request with a 100 KiB answer runs %v; want %v", got, want)
 	}
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	sec := string(b)[strings.Index(string(b), "### Record format"):]
+	sec := string(b)[strings.Index(string(b), "## Record format"):]
 	sec = sec[:strings.Index(sec[4:], "\n#")+4]
 	if !strings.Contains(sec, "`SETRANGE`") {
-		t.Errorf("README \"Record format\" does not name the SETRANGE of a large answer")
+		t.Errorf("docs/operations.md \"Record format\" does not name the SETRANGE of a large answer")
 	}
 }
 

@@ -8,15 +8,15 @@ import (
 	"testing"
 )
 
-// TestReview70ReadmeRedisVersionNamesEveryCommand: the README's "Redis
-// version" bullet lists the commands the scripts use ("The scripts
+// TestReview70ReadmeRedisVersionNamesEveryCommand: the "Redis version"
+// bullet of docs/scaling.md lists the commands the scripts use ("The scripts
 // otherwise use HSET ..., with RECORD_FORMAT=string also MGET, GET and
 // SET … NX PX"), which is what an operator checks an old server, a managed
 // Redis's command allow-list or a restricted ACL user against. d4f17d9 made
 // the scripts call SETRANGE (and, before it, APPEND); the list names
 // neither.
 func TestReview70ReadmeRedisVersionNamesEveryCommand(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/scaling.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func TestReview70ReadmeRedisVersionNamesEveryCommand(t *testing.T) {
 			if !seen[m[1]] {
 				seen[m[1]] = true
 				if !regexp.MustCompile("`" + m[1] + "[ `]").MatchString(sec) {
-					t.Errorf("%s calls %s; README \"Redis version\" does not name it", filepath.Base(f), m[1])
+					t.Errorf("%s calls %s; docs/scaling.md \"Redis version\" does not name it", filepath.Base(f), m[1])
 				}
 			}
 		}

@@ -51,14 +51,14 @@ var operatorDuration = regexp.MustCompile(`^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)
 // matchersRE finds the label matchers of each series selector in an expression.
 var matchersRE = regexp.MustCompile(`[a-z_]+\{([^}]*)\}`)
 
-// wantAlerts are the alerts the chart ships, each documented under a README heading of its name.
+// wantAlerts are the alerts the chart ships, each documented under a heading of its name in docs/runbook.md.
 var wantAlerts = []string{
 	"IdemproxyHighTakeoverRate", "IdemproxyDoubleExecution", "IdemproxyRecordFailures", "IdemproxyStoreErrors",
 	"IdemproxyStoreUnsafe", "IdemproxyUnknownOutcomes", "IdemproxyNotReady", "IdemproxyReadinessFlapping",
 	"IdemproxyBufferFull", "IdemproxyReplayCacheOff",
 }
 
-const defaultRunbookBase = "https://github.com/idemproxy/idemproxy/blob/main/README.md"
+const defaultRunbookBase = "https://github.com/idemproxy/idemproxy/blob/main/docs/runbook.md"
 
 // alertRules renders the chart with the PrometheusRule enabled (and extra arguments) and
 // returns the one PrometheusRule.
@@ -108,7 +108,7 @@ func TestPrometheusRuleValues(t *testing.T) {
 		t.Errorf("groups = %+v, want one with interval 30s", g)
 	}
 	checkRuleFile(t, pr, `job="idemproxy", namespace="payments", cluster="eu-1"`,
-		"https://git.example.com/mirror/idemproxy/blob/v0.1.0/README.md", map[string]string{"team": "payments"})
+		"https://git.example.com/mirror/idemproxy/blob/v0.1.0/docs/runbook.md", map[string]string{"team": "payments"})
 	want := map[string][]string{
 		"IdemproxyHighTakeoverRate":  {"> 0.1\n"},
 		"IdemproxyStoreErrors":       {") > 0.05\n"},
@@ -170,10 +170,10 @@ func checkRuleFile(t *testing.T, pr *prometheusRule, selector, runbookBase strin
 	}
 }
 
-// TestRunbookAnchors checks every runbook_url of the default render lands on a heading of the
-// project README, with GitHub's anchor rules.
+// TestRunbookAnchors checks every runbook_url of the default render lands on a heading of
+// docs/runbook.md, with GitHub's anchor rules.
 func TestRunbookAnchors(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/runbook.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +186,7 @@ func TestRunbookAnchors(t *testing.T) {
 			continue
 		}
 		if !anchors[anchor] {
-			t.Errorf("%s: runbook_url anchor #%s is not a heading of README.md", r.Alert, anchor)
+			t.Errorf("%s: runbook_url anchor #%s is not a heading of docs/runbook.md", r.Alert, anchor)
 		}
 	}
 }
