@@ -108,17 +108,33 @@ func openRedisBounded(cfg *Config, logger zerolog.Logger, limit time.Duration, g
 				// FailoverOptions has no Limiter: it is set on the client's
 				// own options before the client is used.
 				p := u.Failover()
-				p.PoolSize, p.MaxRetries = 1, -1
+				p.PoolSize, p.MaxRetries, p.ContextTimeoutEnabled = 1, -1, true
 				p.DialTimeout, p.ReadTimeout, p.WriteTimeout = breakerProbeTimeout, breakerProbeTimeout, breakerProbeTimeout
-				guard.guard(c.Options(), "master "+cfg.RedisMasterName, redis.NewFailoverClient(p))
+				guard.guard(c.Options(), "master "+cfg.RedisMasterName, redis.NewFailoverClient(p), nil)
 			}
 			explain := func(ctx context.Context, err error) error { return explainSentinel(ctx, cfg, err) }
 			return &store{client: c, close: closeAll(guard, c), explain: explain}, nil
 		}
 		co := u.Cluster()
+		var c *redis.ClusterClient
 		if guard != nil {
 			co.NewClient = func(opt *redis.Options) *redis.Client {
-				guard.guard(opt, opt.Addr, redis.NewClient(probeOptions(*opt)))
+				addr := opt.Addr
+				// A node that failed over away is no longer a master: its
+				// Breaker retires instead of counting it unreachable.
+				inUse := func(ctx context.Context) bool {
+					ctx, cancel := context.WithTimeout(ctx, breakerProbeTimeout)
+					defer cancel()
+					var master atomic.Bool
+					err := c.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
+						if m.Options().Addr == addr {
+							master.Store(true)
+						}
+						return nil
+					})
+					return err != nil || master.Load()
+				}
+				guard.guard(opt, addr, redis.NewClient(probeOptions(*opt)), inUse)
 				return redis.NewClient(opt)
 			}
 		}
@@ -127,7 +143,7 @@ func openRedisBounded(cfg *Config, logger zerolog.Logger, limit time.Duration, g
 		// default a shard stays unreachable for a minute after the cluster
 		// has failed over in two seconds.
 		co.ClusterStateReloadInterval = time.Second
-		c := redis.NewClusterClient(co)
+		c = redis.NewClusterClient(co)
 		return &store{client: c, close: closeAll(guard, c)}, nil
 	case cfg.RedisURL != "":
 		opt, err := redis.ParseURL(cfg.RedisURL)
@@ -148,7 +164,7 @@ func openRedisBounded(cfg *Config, logger zerolog.Logger, limit time.Duration, g
 		}
 		bound(&opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout)
 		if guard != nil {
-			guard.guard(opt, opt.Addr, redis.NewClient(probeOptions(*opt)))
+			guard.guard(opt, opt.Addr, redis.NewClient(probeOptions(*opt)), nil)
 		}
 		c := redis.NewClient(opt)
 		return &store{client: c, close: closeAll(guard, c)}, nil
@@ -267,7 +283,7 @@ type breakers struct {
 
 // guard makes opt's client guarded by a new Breaker; probe is the client
 // the Breaker asks whether the server answers.
-func (bs *breakers) guard(opt *redis.Options, name string, probe redis.UniversalClient) {
+func (bs *breakers) guard(opt *redis.Options, name string, probe redis.UniversalClient, inUse func(context.Context) bool) {
 	b := claim.NewBreaker(func(ctx context.Context) error { return probe.Ping(ctx).Err() }, breakerProbeEvery, breakerProbeTimeout,
 		func(open bool, cause error) {
 			if open {
@@ -279,6 +295,9 @@ func (bs *breakers) guard(opt *redis.Options, name string, probe redis.Universal
 			bs.down.Add(-1)
 			bs.logger.Info().Str("redis", name).Msg("Redis answers again: keyed requests are claimed again")
 		})
+	if inUse != nil {
+		b.InUse(inUse)
+	}
 	opt.Limiter = b
 	bs.mu.Lock()
 	bs.closes = append(bs.closes, func() { b.Close(); _ = probe.Close() })
@@ -290,6 +309,7 @@ func (bs *breakers) guard(opt *redis.Options, name string, probe redis.Universal
 func probeOptions(opt redis.Options) *redis.Options {
 	opt.Limiter, opt.PoolSize, opt.MinIdleConns, opt.MaxRetries, opt.DialerRetries = nil, 1, 0, -1, 1
 	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = breakerProbeTimeout, breakerProbeTimeout, breakerProbeTimeout
+	opt.ContextTimeoutEnabled = true
 	return &opt
 }
 

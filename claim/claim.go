@@ -512,6 +512,13 @@ func (l *Lease) Hold(ctx context.Context, status int, ttl time.Duration) error {
 }
 
 func (l *Lease) record(ctx context.Context, enc []byte, ttl time.Duration, state, tr string) error {
+	return l.retry(ctx, func(ctx context.Context) error { return l.completeOnce(ctx, enc, ttl, state, tr) })
+}
+
+// retry runs once until it succeeds or fails for good (ErrLost,
+// ErrNotReplicated), completeAttempts times at most with a growing backoff,
+// within CompleteBudget, on a context ctx's cancellation does not reach.
+func (l *Lease) retry(ctx context.Context, once func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CompleteBudget)
 	defer cancel()
 	var err error
@@ -526,7 +533,7 @@ func (l *Lease) record(ctx context.Context, enc []byte, ttl time.Duration, state
 			t.Stop()
 			backoff = min(backoff*3, time.Second)
 		}
-		err = l.completeOnce(ctx, enc, ttl, state, tr)
+		err = once(ctx)
 		if err == nil || errors.Is(err, ErrLost) || errors.Is(err, ErrNotReplicated) || ctx.Err() != nil {
 			return err
 		}
@@ -552,16 +559,12 @@ func (l *Lease) completeOnce(ctx context.Context, enc []byte, ttl time.Duration,
 
 // Release frees the claimed key so that the next request executes again, if
 // the claim is still ours; otherwise it returns ErrLost and deletes nothing.
-// It tries twice, within CompleteBudget, on a context that ctx's
-// cancellation does not reach; after that the lock TTL frees the key.
+// It retries as Complete does, within CompleteBudget, on a context that
+// ctx's cancellation does not reach: a release lost to a blip of Redis
+// would leave the key in flight until its lock TTL (retries get 409), or,
+// with Terms.Hold, make it unknown for an operator.
 func (l *Lease) Release(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CompleteBudget)
-	defer cancel()
-	err := l.releaseOnce(ctx)
-	if err != nil && !errors.Is(err, ErrLost) {
-		err = l.releaseOnce(ctx)
-	}
-	return err
+	return l.retry(ctx, l.releaseOnce)
 }
 
 func (l *Lease) releaseOnce(ctx context.Context) error {
