@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -84,19 +85,32 @@ type Config struct {
 	level      zerolog.Level
 	fp         proxy.Fingerprint
 	tracing    tracingConfig // OTEL_* (tracing.go)
+	// withoutSecrets: verify= secrets are not read (idemproxy keys).
+	withoutSecrets bool
 }
 
 // loadConfig parses and validates the environment (KEY=value entries, as
 // os.Environ returns). The error lists every problem found, each naming the
 // variable and the value.
 func loadConfig(environ []string) (*Config, error) {
+	return parseConfig(environ, false)
+}
+
+// loadKeysConfig is loadConfig for idemproxy keys, which reads ROUTES but
+// verifies no signature: the senders' secrets that verify= names are not
+// needed there (an operator must not have to copy them to a bastion).
+func loadKeysConfig(environ []string) (*Config, error) {
+	return parseConfig(environ, true)
+}
+
+func parseConfig(environ []string, withoutSecrets bool) (*Config, error) {
 	envMap := make(map[string]string, len(environ))
 	for _, kv := range environ {
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			envMap[k] = v
 		}
 	}
-	var cfg Config
+	cfg := Config{withoutSecrets: withoutSecrets}
 	var problems []string
 	failed := map[string]bool{}
 	if err := env.ParseWithOptions(&cfg, env.Options{Environment: envMap}); err != nil {
@@ -248,10 +262,8 @@ func (c *Config) checkUpstream(k *checker) {
 			// "127.0.0.1:9000" or "api.internal:8080": Go's parser would
 			// answer "first path segment in URL cannot contain colon".
 			k.bad("UPSTREAM_URL=%q: no scheme; write it as http://%s (or https://)", shown, strings.TrimPrefix(shown, "//"))
-		case err != nil && shown != c.UpstreamURL:
-			k.bad("UPSTREAM_URL=%q: malformed URL%s", shown, safeReason(c.UpstreamURL, err))
 		case err != nil:
-			k.bad("UPSTREAM_URL=%q: %v", shown, urlErrorReason(err))
+			k.bad("UPSTREAM_URL=%q: malformed URL%s", shown, safeReason(c.UpstreamURL, err))
 		case u.Scheme != "http" && u.Scheme != "https":
 			k.bad("UPSTREAM_URL=%q: scheme must be http or https", shown)
 		case u.Host == "":
@@ -291,12 +303,8 @@ func (c *Config) checkRedis(k *checker) {
 						k.value("REDIS_WAIT_TIMEOUT", c.RedisWaitTimeout.String()), opt.ReadTimeout)
 				}
 			} else {
-				if shown := redactURL(c.RedisURL); shown != c.RedisURL {
-					// The parser's message may quote parts of the password.
-					k.bad("REDIS_URL=%q: malformed URL%s", shown, safeReason(c.RedisURL, err))
-				} else {
-					k.bad("REDIS_URL=%q: %v", shown, urlErrorReason(err))
-				}
+				// The parser's message may quote parts of a password.
+				k.bad("REDIS_URL=%q: malformed URL%s", redactURL(c.RedisURL), safeReason(c.RedisURL, err))
 			}
 		}
 		if len(c.RedisAddrs) > 0 {
@@ -471,6 +479,10 @@ func (c *Config) checkSizes(k *checker) {
 	case k.failed["MAX_BUFFERED_BYTES"]:
 	case c.MaxBufferedBytes <= 0:
 		k.bad("MAX_BUFFERED_BYTES=%q: must be above zero", k.value("MAX_BUFFERED_BYTES", fmt.Sprint(c.MaxBufferedBytes)))
+	case c.MaxBufferedBytes < one && c.fingerprintScratch() > 0:
+		k.bad("MAX_BUFFERED_BYTES=%q: must hold one keyed request's body, its canonical form's scratch (fingerprint=json) and its answer, at least MAX_BODY_BYTES=%q + %d + MAX_STORED_RESPONSE_BYTES=%q + %d = %d",
+			k.value("MAX_BUFFERED_BYTES", fmt.Sprint(c.MaxBufferedBytes)), k.value("MAX_BODY_BYTES", fmt.Sprint(c.MaxBodyBytes)), c.fingerprintScratch(),
+			k.value("MAX_STORED_RESPONSE_BYTES", fmt.Sprint(c.MaxStoredResponseBytes)), proxy.BodyChunk, one)
 	case c.MaxBufferedBytes < one:
 		k.bad("MAX_BUFFERED_BYTES=%q: must hold one keyed request's body and answer, at least MAX_BODY_BYTES=%q + MAX_STORED_RESPONSE_BYTES=%q + %d = %d",
 			k.value("MAX_BUFFERED_BYTES", fmt.Sprint(c.MaxBufferedBytes)), k.value("MAX_BODY_BYTES", fmt.Sprint(c.MaxBodyBytes)),
@@ -482,7 +494,22 @@ func (c *Config) checkSizes(k *checker) {
 // request's largest body and answer, and a chunk's slack, so that a request
 // alone never takes the count past it.
 func (c *Config) oneRequestBytes() int64 {
-	return max(c.MaxBodyBytes, 0) + proxy.BodyChunk + max(c.MaxStoredResponseBytes, 0)
+	return max(c.MaxBodyBytes, 0) + proxy.BodyChunk + max(c.MaxStoredResponseBytes, 0) + c.fingerprintScratch()
+}
+
+// fingerprintScratch is what fingerprint=json may count beside the largest
+// body (its canonical form's scratch), when FINGERPRINT or a rule of ROUTES
+// asks for it; 0 otherwise. Read from the raw values: it is needed before
+// ROUTES is parsed.
+func (c *Config) fingerprintScratch() int64 {
+	json := c.Fingerprint == "json"
+	for _, opt := range strings.Fields(strings.ReplaceAll(c.Routes, ";", " ")) {
+		json = json || opt == "fingerprint=json"
+	}
+	if !json {
+		return 0
+	}
+	return proxy.MaxFingerprintScratch(max(c.MaxBodyBytes, 0))
 }
 
 // checkModes checks FAIL_MODE, ON_5XX and the log settings.
@@ -563,7 +590,7 @@ func (c *Config) checkVerify(k *checker, routes []proxy.Route) {
 	}
 	for i := range routes {
 		rt := &routes[i]
-		if rt.Verify == nil {
+		if rt.Verify == nil || c.withoutSecrets {
 			continue
 		}
 		var secrets []string
@@ -762,19 +789,47 @@ const recordBudget = claim.CompleteBudget
 // upstream call, for the completion and its retries.
 const minRecordWindow = 5 * time.Second
 
-// safeReason is ": " and the parser's reason for rejecting raw, when that
-// reason cannot quote the URL's credentials; "" otherwise.
+// safeReason is err's reason, after ": ", unless it quotes a credential
+// of raw (then a note that it is not shown): a password in the user info, a query value whose name
+// says it is one (password=, token=, key=...), or the rest of a connection
+// string pasted in place of a URL (host:6380,password=...,ssl=True).
 func safeReason(raw string, err error) string {
-	u, perr := url.Parse(raw)
-	if perr != nil || u.User == nil {
-		return "" // cannot tell the credentials apart: say nothing
-	}
 	reason := urlErrorReason(err).Error()
-	pw, _ := u.User.Password()
-	if (pw != "" && strings.Contains(reason, pw)) || (u.User.Username() != "" && strings.Contains(reason, u.User.Username())) {
-		return ""
+	for _, f := range secretFragments(raw) {
+		if len(f) >= 3 && strings.Contains(reason, f) {
+			return " (the parser's reason is not shown: it quotes what may be a credential)"
+		}
 	}
 	return ": " + reason
+}
+
+// credentialAssignment finds name=value pairs whose name says the value is
+// a credential, in a query or a connection string.
+var credentialAssignment = regexp.MustCompile(`(?i)(?:pass(?:word)?|pwd|secret|token|key|auth\w*|user(?:name)?|cred\w*)\s*=\s*([^,;&\s]+)`)
+
+// secretFragments are the parts of raw that may be credentials.
+func secretFragments(raw string) []string {
+	var out []string
+	if u, err := url.Parse(raw); err == nil && u.User != nil {
+		pw, _ := u.User.Password()
+		out = append(out, pw, u.User.Username())
+	}
+	if _, rest, ok := strings.Cut(raw, "://"); ok {
+		if i := strings.LastIndexByte(rest, '@'); i >= 0 {
+			// User info, whether or not Go parses it as such (a password
+			// holding "/" or "?" ends the authority early), and its pieces.
+			info := rest[:i]
+			out = append(out, info)
+			out = append(out, strings.FieldsFunc(info, func(r rune) bool { return strings.ContainsRune(":/?#", r) })...)
+		}
+	}
+	for _, m := range credentialAssignment.FindAllStringSubmatch(raw, -1) {
+		out = append(out, m[1])
+	}
+	if _, rest, ok := strings.Cut(raw, ","); ok {
+		out = append(out, rest) // a connection string's options
+	}
+	return out
 }
 
 // urlErrorReason drops the URL that *url.Error repeats (it would show a
@@ -794,7 +849,15 @@ func urlErrorReason(err error) error {
 // password with "/", "?" or "#" makes Go read part of it as the path) is
 // not shown at all, only its scheme.
 func redactURL(s string) string {
-	if !strings.ContainsAny(s, "@?#") {
+	if !strings.Contains(s, "://") {
+		if strings.ContainsAny(s, "@?#,;=") {
+			// Not a URL: a connection string pasted in its place
+			// (host:6380,password=...,ssl=True) or worse.
+			return "(not shown: not a scheme:// URL, and it may hold a credential)"
+		}
+		return s // host:port, or a word
+	}
+	if !strings.ContainsAny(s, "@?#,;") {
 		return s
 	}
 	u, err := url.Parse(s)

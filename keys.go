@@ -63,7 +63,9 @@ structured-field string is unquoted, as the proxy does). With --source, the
 route's key=SOURCE as written (a preset such as github or cloudevents, or an
 expression such as header:X-A+json:/id), and the PARTs are the values of one
 alternative's parts, in order (a ce-* header's value percent-decoded, as in
-a structured CloudEvent).
+a structured CloudEvent). On a verify= route of github or shopify, whose
+keys also hold the SHA-256 of the delivery's body, give it with
+--body-sha256.
 
 --scope gives the value of a scope header, once per header (a header sent
 more than once: repeat it, values in order); the names are those of
@@ -267,7 +269,7 @@ func (kc *keysCmd) config() (*Config, error) {
 		return kc.cfg, nil
 	}
 	environ := append(kc.environ[:len(kc.environ):len(kc.environ)], "UPSTREAM_URL=http://upstream.invalid", "UPSTREAM_ID=")
-	cfg, err := loadConfig(environ)
+	cfg, err := loadKeysConfig(environ)
 	if err != nil {
 		return nil, err
 	}
@@ -358,6 +360,7 @@ func (s *scopeFlag) Set(v string) error {
 
 func (kc *keysCmd) hashFlags() func(context.Context, []string) error {
 	source := kc.fs.String("source", "", "the route's key=SOURCE, as written (preset or expression)")
+	bodySum := kc.fs.String("body-sha256", "", "with --source github or shopify on a verify= route: the SHA-256 of the delivery's body, in hex (such keys are bound to the body)")
 	var scope scopeFlag
 	kc.fs.Var(&scope, "scope", "NAME=VALUE: a scope header's value (repeat for each header)")
 	var routeScope *[]string
@@ -419,7 +422,18 @@ func (kc *keysCmd) hashFlags() func(context.Context, []string) error {
 			if err != nil {
 				return kc.badUsage(fmt.Errorf("--source=%s: %w", *source, err))
 			}
-			for i, p := range parts {
+			if *bodySum != "" {
+				if sum, err := hex.DecodeString(*bodySum); err != nil || len(sum) != 32 {
+					return kc.badUsage(errors.New("--body-sha256: want the 64 hex digits of a SHA-256"))
+				}
+				ks = ks.BindBody()
+				parts = append(parts, strings.ToLower(*bodySum))
+			}
+			values := parts
+			if ks.BodyBound() {
+				values = parts[:len(parts)-1] // the digest is checked above
+			}
+			for i, p := range values {
 				if p == "" || len(p) > cfg.MaxKeyLength {
 					return kc.badUsage(fmt.Errorf("PART %d is %d bytes; the proxy takes 1 to MAX_KEY_LENGTH=%d", i+1, len(p), cfg.MaxKeyLength))
 				}

@@ -136,7 +136,8 @@ func TestKeysHashIsTheLoggedKeyHash(t *testing.T) {
 	up := newUpstream(t)
 	env := []string{"REDIS_URL=" + srv.URL(), "SCOPE_HEADERS=Authorization,X-Tenant"}
 	a, logs := startEnv(t, append(env, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=",
-		"ROUTES=POST /hooks/ce key=cloudevents; POST /hooks/gh key=github scope=X-Tenant")...)
+		"ROUTES=POST /hooks/ce key=cloudevents; POST /hooks/gh key=github scope=X-Tenant; POST /hooks/signed key=github scope= verify=GH_SECRET",
+		"GH_SECRET=It's a Secret to Everybody")...)
 	base := "http://" + a.proxyAddr.String()
 	c := newClient(t)
 	send := func(path string, header map[string]string, body string) {
@@ -176,6 +177,11 @@ func TestKeysHashIsTheLoggedKeyHash(t *testing.T) {
 		{"github, route scope", "/hooks/gh",
 			map[string]string{"X-GitHub-Delivery": "d-1", "X-Tenant": "acme", "Authorization": "ignored here"}, `{}`,
 			[]string{"--source", "github", "--route-scope", "X-Tenant", "--scope", "X-Tenant=acme", "d-1"}},
+		// GitHub's signature covers the body, not the delivery id: with
+		// verify= the key holds the body's SHA-256 too.
+		{"github, verified: bound to the body", "/hooks/signed",
+			map[string]string{"X-GitHub-Delivery": "d-2", "X-Hub-Signature-256": "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"}, "Hello, World!",
+			[]string{"--source", "github", "--route-scope=", "--body-sha256", "dffd6021bb2bd5b0af676290809ec3a53191dd81c7f70a4b28688a362182986f", "d-2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			send(tc.path, tc.header, tc.body)

@@ -148,7 +148,7 @@ func openRedisBounded(cfg *Config, logger zerolog.Logger, limit time.Duration, g
 	case cfg.RedisURL != "":
 		opt, err := redis.ParseURL(cfg.RedisURL)
 		if err != nil {
-			return nil, fmt.Errorf("REDIS_URL=%q: %w", redactURL(cfg.RedisURL), urlErrorReason(err))
+			return nil, fmt.Errorf("REDIS_URL=%q: malformed URL%s", redactURL(cfg.RedisURL), safeReason(cfg.RedisURL, err))
 		}
 		// URL query parameters (max_retries=, dial_timeout=, pool_size=,
 		// read_timeout=) win; loadConfig refused a read_timeout= that WAIT

@@ -126,11 +126,23 @@ func fingerprintScratch(r *http.Request, body []byte, prof Fingerprint) int64 {
 	if prof != FingerprintJSON {
 		return 0
 	}
-	var n int64
+	n := int64(fingerprintFixed)
 	if len(body) > 0 {
-		n = int64(jcs.ScratchBound(len(body)))
+		n += int64(jcs.Scratch(body))
 	}
 	return n + querySortScratch(len(r.URL.RawQuery))
+}
+
+// fingerprintFixed covers the small allocations of the json profile with
+// cold pools: the hasher, the tagged writer, the query sorter itself.
+const fingerprintFixed = 2 << 10
+
+// MaxFingerprintScratch is the most fingerprintScratch counts for a body of
+// maxBody bytes and a short query: what MAX_BUFFERED_BYTES must hold beside
+// the body on a fingerprint=json route, so that one request of the largest
+// size is never refused for want of room on an idle proxy.
+func MaxFingerprintScratch(maxBody int64) int64 {
+	return fingerprintFixed + int64(jcs.ScratchBound(int(min(maxBody, 1<<40)))) + querySortScratch(1<<10)
 }
 
 // hasher is a SHA-256 state kept in a pool, with room for its input's

@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,7 +23,31 @@ type KeySource struct {
 	Text      string      // as written: a preset's name, or the expression
 	alts      [][]keyPart // alternatives ("|"), each a composite ("+")
 	needsBody bool        // a json: part: the body is read before the key
+	// bodyBound: the key also holds the SHA-256 of the body (BindBody).
+	bodyBound bool
 }
+
+// BindBody returns a copy of ks whose keys also hold the SHA-256 of the
+// request's body (hex), after the parts' values: a verify= route of a sender
+// whose signature covers the body but not the message id (GitHub, Shopify).
+// Otherwise whoever holds one signed delivery could send it again under the
+// id of a delivery still to come, and that id's key would hold the old
+// answer: the genuine delivery would get 422 (strict) or the old event's
+// answer (none), and never execute. Bound, such a resend gets a key of its
+// own. The body is read before the key.
+func (ks *KeySource) BindBody() *KeySource {
+	bound := *ks
+	bound.bodyBound, bound.needsBody = true, true
+	return &bound
+}
+
+// BodyBound reports whether ks's keys hold the body's SHA-256 (BindBody).
+func (ks *KeySource) BodyBound() bool { return ks.bodyBound }
+
+// signsBodyOnly are the presets whose senders sign the body but not the
+// message id the key is read from (a header): with verify=, their keys are
+// bound to the body.
+var signsBodyOnly = map[string]bool{"github": true, "shopify": true}
 
 type partKind uint8
 
@@ -242,6 +268,10 @@ alternatives:
 		if invalid != nil {
 			return "", invalid
 		}
+		if ks.bodyBound {
+			sum := sha256.Sum256(body)
+			values = append(values, hex.EncodeToString(sum[:]))
+		}
 		return ks.key(values), nil
 	}
 	if bodyIsJSON == 0 {
@@ -253,11 +283,16 @@ alternatives:
 // Key returns the key that a request whose parts have these values gets
 // (what derive returns), for `idemproxy keys hash`: values are the parts of
 // one alternative, in order, as the proxy reads them (a ce-* header
-// percent-decoded). Their number must be the part count of an alternative.
+// percent-decoded), and, when ks is BodyBound, the body's SHA-256 in hex
+// last. Their number must be the part count of an alternative (plus one).
 func (ks *KeySource) Key(values []string) (string, error) {
 	counts := make([]string, 0, len(ks.alts))
+	extra := 0
+	if ks.bodyBound {
+		extra = 1
+	}
 	for _, alt := range ks.alts {
-		if len(alt) == len(values) {
+		if len(alt)+extra == len(values) {
 			return ks.key(values), nil
 		}
 		counts = append(counts, fmt.Sprintf("%d (%s)", len(alt), altText(alt)))

@@ -309,6 +309,9 @@ func parseRule(rule string) (Route, error) {
 		}
 		return Route{}, fmt.Errorf("option verify= checks the signature of a sender whose preset is the route's key (key=%s); this rule's key comes from %s", strings.Join(verifyPresets, ", key="), src)
 	}
+	if rt.Verify != nil && signsBodyOnly[rt.Key.Text] {
+		rt.Key = rt.Key.BindBody()
+	}
 	// A tunnel carries requests past keys and every other option, so a
 	// route that allows one is not enforced at all: upgrade implies off.
 	if rt.Upgrade {

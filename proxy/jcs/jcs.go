@@ -153,6 +153,15 @@ func ScratchBound(docLen int) int {
 	return heapBytes(spans*memberSize) + heapBytes(min(spans+1, MaxDepth)*frameSize) + heapBytes(stateSize)
 }
 
+// Scratch is the most heap, in bytes, that Write or Append allocate for
+// doc itself: ScratchBound's sum for the members doc can hold, counted by
+// its colons. It reads doc once (bytes.Count); for documents with few
+// members it is far below ScratchBound.
+func Scratch(doc []byte) int {
+	members, frames := scratchFor(doc)
+	return heapBytes(members*memberSize) + heapBytes(frames*frameSize) + heapBytes(stateSize)
+}
+
 // scratchFor is what run allocates for doc with no scratch to reuse.
 func scratchFor(doc []byte) (members, frames int) {
 	members = min(bytes.Count(doc, colon), len(doc)/5+1)

@@ -142,9 +142,11 @@ func TestScratchWithinBound(t *testing.T) {
 					t.Fatal(err)
 				}
 			})
-			nm, nf := scratchFor(doc)
-			want := heapBytes(nm*memberSize) + heapBytes(nf*frameSize) + heapBytes(stateSize)
+			want := Scratch(doc) // what the caller counts for this document
 			bound := ScratchBound(len(doc))
+			if want > bound {
+				t.Errorf("%s, %d bytes: Scratch %d over ScratchBound %d", sh.name, len(doc), want, bound)
+			}
 			t.Logf("%7d bytes %-36s allocated %8d (%.2f×)  bound %8d (%.2f×)",
 				len(doc), sh.name, got, float64(got)/float64(len(doc)), bound, float64(bound)/float64(len(doc)))
 			if got > want+64 {
