@@ -149,25 +149,3 @@ func channelRefusedProxy(t *testing.T) (srv *redistest.Server, admin *redis.Clie
 	a, logs = startEnv(t, "UPSTREAM_URL="+up.URL, "REDIS_URL=redis://idemproxy:proxy-secret@"+srv.Addr()+"/0", "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0")
 	return srv, admin, up, a, logs
 }
-
-// TestPurgeWatchLogsAnOutageOnce: while Redis is down the lost subscription
-// is tried again and again; the log says so once (then at most once a
-// minute), not once per attempt, and once more when it is back.
-func TestPurgeWatchLogsAnOutageOnce(t *testing.T) {
-	srv := redistest.Start(t)
-	up := newUpstream(t)
-	_, logs := startEnv(t, "UPSTREAM_URL="+up.URL, "REDIS_URL="+srv.URL(), "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=")
-	count := func(s string) int { return strings.Count(logs.String(), s) }
-	srv.Kill()
-	testutil.Eventually(t, 10*time.Second, "the lost subscription is logged", func() bool {
-		return count("purge subscription failed") >= 1
-	})
-	time.Sleep(3500 * time.Millisecond) // two or three more attempts (1 s, 2 s, ...)
-	if n := count("purge subscription failed"); n != 1 {
-		t.Errorf("%d lines for one outage of a few seconds, want 1:\n%s", n, logs.String())
-	}
-	srv.Restart()
-	testutil.Eventually(t, 10*time.Second, "the confirmation is logged", func() bool {
-		return count("purge subscription confirmed") == 1
-	})
-}
