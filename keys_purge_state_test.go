@@ -4,26 +4,10 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
-
-// completedKey claims the key named key on s and records a 201 for it.
-func completedKey(t *testing.T, s *claim.Store, key string) claim.Key {
-	t.Helper()
-	ctx := context.Background()
-	k := claim.NewKey(nil, key)
-	lease, _, err := s.Acquire(ctx, k, claim.Fingerprint{1}, claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
-	if err != nil || lease == nil {
-		t.Fatalf("claim: %v %v", lease, err)
-	}
-	if err := lease.Complete(ctx, &claim.Record{Status: 201, Body: []byte("done")}, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
 
 // TestKeysPurgeState: `keys purge --state` deletes only a record in that
 // state; otherwise it prints the state found, deletes nothing and exits 1.

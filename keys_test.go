@@ -7,7 +7,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"net/http"
 	"regexp"
 	"slices"
@@ -18,42 +17,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
-	"github.com/idemproxy/idemproxy/internal/testutil"
 )
-
-// keysRun runs `idemproxy keys args...` with env and returns its output
-// and exit status.
-func keysRun(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
-	t.Helper()
-	// stderr also becomes go-redis's logger (openRedis), which proxies of
-	// the same test process may write to: a buffer safe for that.
-	var out bytes.Buffer
-	var errb testutil.SyncBuffer
-	err := run(context.Background(), append([]string{"idemproxy", "keys"}, args...), env, &out, &errb)
-	if code = exitCode(err); err != nil && code == 1 {
-		_, _ = errb.Write([]byte("idemproxy: " + err.Error() + "\n")) // what main prints
-	}
-	return out.String(), errb.String(), code
-}
-
-// keysOK runs keys and fails t unless it exits 0.
-func keysOK(t *testing.T, env []string, args ...string) string {
-	t.Helper()
-	out, errOut, code := keysRun(t, env, args...)
-	if code != 0 {
-		t.Fatalf("keys %q: exit %d\nstderr: %s", args, code, errOut)
-	}
-	return out
-}
-
-// normalise replaces what changes from run to run (times, TTLs,
-// fingerprints) in keys' JSON output.
-func normalise(s string) string {
-	s = regexp.MustCompile(`"(claimed_at|completed_at|lock_expires_at)":"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"`).ReplaceAllString(s, `"$1":"TIME"`)
-	s = regexp.MustCompile(`"ttl_ms":[1-9]\d*`).ReplaceAllString(s, `"ttl_ms":TTL`)
-	s = regexp.MustCompile(`"Date":\["[^"]+"\]`).ReplaceAllString(s, `"Date":["DATE"]`)
-	return regexp.MustCompile(`"fingerprint":"[0-9a-f]{64}"`).ReplaceAllString(s, `"fingerprint":"FP"`)
-}
 
 func TestKeysUsageAndFailures(t *testing.T) {
 	srv := redistest.Start(t)
@@ -106,25 +70,6 @@ func TestKeysUsageAndFailures(t *testing.T) {
 			}
 		})
 	}
-}
-
-// lastKeyHash returns the key_hash of the last access-log line ("request").
-func lastKeyHash(t *testing.T, logs string) string {
-	t.Helper()
-	var hash string
-	for line := range strings.SplitSeq(logs, "\n") {
-		var e struct {
-			Message string `json:"message"`
-			KeyHash string `json:"key_hash"`
-		}
-		if json.Unmarshal([]byte(line), &e) == nil && e.Message == "request" {
-			hash = e.KeyHash
-		}
-	}
-	if hash == "" {
-		t.Fatalf("no access-log line with a key_hash in:\n%s", logs)
-	}
-	return hash
 }
 
 // TestKeysHashIsTheLoggedKeyHash: `keys hash` prints the key_hash the

@@ -14,8 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/testutil"
 	"github.com/rs/zerolog"
+
+	"github.com/idemproxy/idemproxy/internal/testutil"
 )
 
 // writes records each Write call separately.

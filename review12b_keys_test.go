@@ -6,10 +6,8 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,46 +15,13 @@ import (
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
-// review12bBlackHole is a TCP listener on 127.0.0.1 that accepts and never
-// answers: a stalled Redis (CLIENT PAUSE, a frozen VM, a TCP proxy whose
-// backend is gone).
-func review12bBlackHole(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return l.Addr().String()
-}
-
 // TestReview12bKeysEndWithinTimeout: against a Redis that accepts
 // connections and never answers, every command must end (exit 1) within
 // --timeout, in every REDIS_MODE. go-redis ignores the context's deadline
 // on the socket (ContextTimeoutEnabled is false) and the HELLO handshake
 // waits for its own 5 s timeout: --timeout=1s takes 5 s.
 func TestReview12bKeysEndWithinTimeout(t *testing.T) {
-	addr := review12bBlackHole(t)
+	addr := blackHole(t)
 	const hash = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 	standalone := []string{"REDIS_URL=redis://" + addr + "/0"}
 	cluster := []string{"REDIS_MODE=cluster", "REDIS_ADDRS=" + addr}

@@ -17,7 +17,7 @@ import (
 // takes about 9 s. With REPLAY_CACHE_BYTES=0 (no watch) it takes under a
 // millisecond.
 func TestReview12bShutdownNotHeldByPurgeWatch(t *testing.T) {
-	addr := review12bBlackHole(t)
+	addr := blackHole(t)
 	up := newUpstream(t)
 	cfg, err := loadConfig([]string{"REDIS_URL=redis://" + addr + "/0", "UPSTREAM_URL=" + up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR="})
 	if err != nil {

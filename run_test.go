@@ -6,7 +6,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -58,44 +57,6 @@ func TestRunBadConfigStartsNothing(t *testing.T) {
 			t.Errorf("something listens on %s after a refused start", addr)
 		}
 	}
-}
-
-// runProxy runs run in-process against a test upstream, with its two
-// listeners on free ports of 127.0.0.1 and extra added to its environment,
-// and waits until /readyz answers 200. stop cancels it and returns run's
-// error; the test fails if run does not return within 10s.
-type runProxy struct {
-	listen, admin string
-	stop          func() error
-}
-
-func startRun(t *testing.T, stdout io.Writer, extra ...string) runProxy {
-	t.Helper()
-	up := newUpstream(t)
-	p := runProxy{
-		listen: "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t)),
-		admin:  "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t)),
-	}
-	env := append([]string{"UPSTREAM_URL=" + up.URL, "LISTEN_ADDR=" + p.listen, "ADMIN_ADDR=" + p.admin,
-		"UPSTREAM_TIMEOUT=5s", "REQUEST_READ_TIMEOUT=1s", "SHUTDOWN_TIMEOUT=22s"}, extra...)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	var stderr testutil.SyncBuffer
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"idemproxy"}, env, stdout, &stderr) }()
-	p.stop = func() error {
-		t.Helper()
-		cancel()
-		select {
-		case err := <-done:
-			return err
-		case <-time.After(10 * time.Second):
-			t.Fatalf("run did not return within 10s of ctx cancel")
-			return nil
-		}
-	}
-	waitStatus(t, newClient(t), "http://"+p.admin+"/readyz", http.StatusOK, 10*time.Second)
-	return p
 }
 
 func TestRunServesUntilCancelled(t *testing.T) {

@@ -6,7 +6,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -36,51 +35,4 @@ func TestStartWarnsOnEvictionPolicy(t *testing.T) {
 	if !strings.Contains(logs.String(), "allkeys-lru") {
 		t.Errorf("log: got %q, want a warning naming allkeys-lru", logs.String())
 	}
-}
-
-func getStatus(t *testing.T, c *http.Client, url string) int {
-	t.Helper()
-	status, _, err := get(c, url)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	return status
-}
-
-func getBody(t *testing.T, c *http.Client, url string) string {
-	t.Helper()
-	status, body, err := get(c, url)
-	if err != nil || status != http.StatusOK {
-		t.Fatalf("GET %s: got %v %v, want %v", url, status, err, http.StatusOK)
-	}
-	return body
-}
-
-func checkProblem(t *testing.T, r response, status int) {
-	t.Helper()
-	if got := r.header.Get("Content-Type"); got != "application/problem+json" {
-		t.Errorf("Content-Type: got %q, want application/problem+json", got)
-	}
-	var p struct {
-		Type   string `json:"type"`
-		Title  string `json:"title"`
-		Status int    `json:"status"`
-		Detail string `json:"detail"`
-	}
-	if err := json.Unmarshal([]byte(r.body), &p); err != nil {
-		t.Fatalf("problem body %q: %v", r.body, err)
-	}
-	if p.Status != status || p.Type == "" || p.Title == "" || p.Detail == "" {
-		t.Errorf("problem: got %+v, want status %v and type, title, detail set", p, status)
-	}
-}
-
-func grepLines(s, substr string) string {
-	var out []string
-	for line := range strings.Lines(s) {
-		if strings.Contains(line, substr) {
-			out = append(out, line)
-		}
-	}
-	return strings.Join(out, "")
 }
