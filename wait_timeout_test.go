@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
@@ -95,25 +94,5 @@ func TestWaitReadTimeoutOptions(t *testing.T) {
 				t.Errorf("read timeout: got %v, want %v", got, tt.want)
 			}
 		})
-	}
-}
-
-// TestWaitTimeoutVersusURLReadTimeout: a read_timeout= in REDIS_URL that WAIT
-// cannot finish within is refused at start, naming both, never the password.
-func TestWaitTimeoutVersusURLReadTimeout(t *testing.T) {
-	const secret = "s3cretPW"
-	_, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9", "REDIS_URL=redis://:" + secret + "@127.0.0.1:6379/0?read_timeout=2s",
-		"REDIS_WAIT_REPLICAS=1", "REDIS_WAIT_TIMEOUT=2s"})
-	if err == nil || !strings.Contains(err.Error(), `REDIS_WAIT_TIMEOUT="2s"`) || !strings.Contains(err.Error(), "read_timeout=2s") {
-		t.Fatalf("error %v, want one naming REDIS_WAIT_TIMEOUT and read_timeout", err)
-	}
-	if strings.Contains(err.Error(), secret) {
-		t.Errorf("error shows the password: %v", err)
-	}
-	for _, ok := range []string{"read_timeout=3s", ""} { // (read_timeout=-1, no timeout, is refused: TestRedisURLTimeoutsMustStayOn)
-		if _, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9", "REDIS_URL=redis://127.0.0.1:6379/0?" + ok,
-			"REDIS_WAIT_REPLICAS=1", "REDIS_WAIT_TIMEOUT=2s"}); err != nil {
-			t.Errorf("%s: %v, want it accepted", ok, err)
-		}
 	}
 }
