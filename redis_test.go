@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/rs/zerolog"
 
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/internal/testutil"
@@ -50,32 +48,6 @@ func TestScripterChoice(t *testing.T) {
 				t.Errorf("MaxBatchSize %d, want at most 100", ap.Config().MaxBatchSize)
 			}
 		})
-	}
-}
-
-// TestReadyzListsConfigWarnings: risky-but-allowed settings are reported in
-// the /readyz body, as the contract asks.
-func TestReadyzListsConfigWarnings(t *testing.T) {
-	cfg, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9", "LISTEN_ADDR=127.0.0.1:0",
-		"ADMIN_ADDR=127.0.0.1:0", "FAIL_MODE=open", "UPSTREAM_TIMEOUT=30s", "LOCK_TTL=32s"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := start(cfg, zerolog.Nop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = a.shutdown(5 * time.Second) })
-	resp, err := http.Get("http://" + a.adminAddr.String() + "/readyz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	for _, want := range []string{"FAIL_MODE=open", "LOCK_TTL=32s leaves 2s", "embedded"} {
-		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
-			t.Errorf("/readyz %d %q lacks %q", resp.StatusCode, body, want)
-		}
 	}
 }
 
