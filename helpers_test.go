@@ -5,15 +5,26 @@ package main
 // an HTTP client and its requests, what the admin listener exports,
 // `idemproxy keys` through run, and Redis as tests need it. Helpers for more
 // than one package are in internal/testutil and internal/redistest.
+//
+// A test runs in parallel (t.Parallel) only when it mostly waits and shares
+// nothing: the process-wide state some tests change (the OTEL_* environment
+// and otel's error handler, zerolog.ErrorHandler, Go's memory limit and
+// memlimit.go's variables, which run sets too) is left to serial tests,
+// which all end before the parallel ones start, and so are tests whose
+// assertions are tight time bounds. go-redis has one logger for
+// the process (set by every openRedis), so a parallel test must not assert
+// that a log or keys' stderr holds nothing else.
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -27,6 +38,17 @@ import (
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/internal/testutil"
 )
+
+// parallelTests is how many of the parallel tests below run at once unless
+// -parallel says otherwise: they wait (on a probe period, on WAIT, on a
+// TTL), they do not use the CPU.
+const parallelTests = 4
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	testutil.DefaultParallel(parallelTests)
+	os.Exit(m.Run())
+}
 
 // newUpstream stands in for the protected API: it answers 201 with a body
 // and a Location naming the call.

@@ -804,6 +804,7 @@ func TestKeysPurgeOfNothingUnannounced(t *testing.T) {
 // the DEL). The purge gives up at --timeout; it cannot know whether the
 // record is gone, so it says how to find out and what to do either way.
 func TestKeysPurgeLostReply(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	up := newUpstream(t)
 	a, _ := startProxy(t, up.URL, "REDIS_URL="+srv.URL())

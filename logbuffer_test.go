@@ -150,6 +150,7 @@ func TestLogBufferConcurrentWriters(t *testing.T) {
 // and concurrent Flush calls, once the writers stop (no Close) the timer
 // alone writes every line, each once, whole, in each writer's order.
 func TestLogBufferStrandsNoLine(t *testing.T) {
+	t.Parallel()
 	for round := range 20 {
 		w := &writes{}
 		b := newLogBuffer(w, 200*time.Microsecond, 700)

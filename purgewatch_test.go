@@ -105,6 +105,7 @@ func TestPurgeUnheardWithoutChannelACL(t *testing.T) {
 // a purge is never missed); once the channel is granted, the cache is on
 // again and answers replays without a round trip.
 func TestReplayCacheOffWhileThePurgeSubscriptionIsRefused(t *testing.T) {
+	t.Parallel()
 	_, admin, _, a, logs := channelRefusedProxy(t)
 	ctx := context.Background()
 	c := newClient(t)
@@ -182,6 +183,7 @@ func channelRefusedProxy(t *testing.T) (srv *redistest.Server, admin *redis.Clie
 // the cache turns on only when a probe comes back, so one unchanging cause
 // is one line (then at most one a minute), with the PUBLISH hint.
 func TestProbeRefusedLoggedOnceWithItsHint(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	up := newUpstream(t)
 	_, logs := startProxy(t, up.URL, proxyUser(t, srv, "-publish", "resetchannels", "&idem:purge"), "ADMIN_ADDR=")

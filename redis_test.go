@@ -158,6 +158,7 @@ func TestStoreOutageFailsFast(t *testing.T) {
 // client's read timeout is raised above the WAIT. Real redis-server, no
 // replica.
 func TestWaitTimeoutAboveReadTimeout(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	const wait = 5500 * time.Millisecond
 	cfg, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9", "REDIS_URL=" + srv.URL(),
@@ -304,6 +305,7 @@ func TestEmbeddedRedisPasswordPerStart(t *testing.T) {
 // unless its clock is advanced: a record must stop replaying after TTL, as
 // with a real Redis.
 func TestEmbeddedRedisExpiresRecords(t *testing.T) {
+	t.Parallel()
 	const ttl = 2 * time.Second
 	up := newUpstream(t)
 	a, _ := startProxy(t, up.URL, "LOCK_TTL=1s", "UPSTREAM_TIMEOUT=500ms", "TTL="+ttl.String(), "ADMIN_ADDR=")
