@@ -8,7 +8,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/idemproxy/idemproxy/internal/testutil"
 )
+
+// parallelTests is how many tests run at once unless -parallel says
+// otherwise: these tests mostly wait on child processes (a failover, a lock
+// TTL, a soak's storm), not on the CPU.
+const parallelTests = 4
 
 var (
 	// moduleRoot is the directory of idemproxy's go.mod.
@@ -24,6 +31,7 @@ func TestMain(m *testing.M) {
 	if f := flag.Lookup("test.list"); f != nil && f.Value.String() != "" {
 		os.Exit(m.Run()) // -list runs nothing: no binary needed
 	}
+	testutil.DefaultParallel(parallelTests)
 	dir, err := os.MkdirTemp("", "idemproxy-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
