@@ -44,7 +44,15 @@ test: deps test-go chart-test ## Run ALL tests: Go (unit, real Redis, and intern
 
 .PHONY: test-go
 test-go: deps ## Run the Go tests with -race (fuzz seeds and internal/e2e included); package claim once more with string records
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-go-packages test-go-string-records
+
+# The two runs of test-go go side by side (each one's output whole, when it
+# ends): the tests mostly wait on Redis, timers and child processes, so
+# one after the other would leave the CPU idle for minutes.
+.PHONY: test-go-packages test-go-string-records
+test-go-packages:
 	$(GO) test -race -count=1 -timeout 15m ./...
+test-go-string-records:
 	CLAIM_TEST_RECORD_FORMAT=string $(GO) test -race -count=1 -timeout 5m ./claim
 
 .PHONY: test-integration
