@@ -12,11 +12,6 @@ DEMO_UPSTREAM_ADDR ?= 127.0.0.1:9000
 DEMO_DELAY ?= 0s
 # Short by default so `make test` stays quick; lengthen with FUZZTIME=1m.
 FUZZTIME ?= 10s
-# The integration tests are the Test functions of these files of the root
-# package: they start Redis Cluster or Sentinel, kill and restart
-# redis-server, or run the built binary. `make test` runs them with the rest.
-INTEGRATION_TEST_FILES := binary_test.go cluster_test.go sentinel_test.go sentinel_auth_test.go \
-	soak_test.go start_test.go
 
 .DEFAULT_GOAL := help
 
@@ -46,21 +41,31 @@ announce-build:
 deps: ## Install what the tests need: redis-server and redis-cli (apt), when missing
 	@scripts/install-deps.sh
 
+# The end-to-end tests are the package internal/e2e, chosen by folder: they
+# build the binary and run it against real Redis (standalone, Cluster,
+# Sentinel), kill and restart redis-server and the proxy, and drive `make
+# run`. test-go runs them with the rest (./...), in parallel with the other
+# packages; test-integration runs them alone.
+
 .PHONY: test
-test: deps test-go chart-test ## Run ALL tests: Go (unit, real Redis, Cluster, Sentinel, soak; -race) and the Helm chart
+test: deps test-go chart-test ## Run ALL tests: Go (unit, real Redis, and internal/e2e: the binary, Cluster, Sentinel, soak; -race) and the Helm chart
 
 .PHONY: test-go
-test-go: deps ## Run the Go tests with -race (fuzz seeds included); package claim once more with string records
+test-go: deps ## Run the Go tests with -race (fuzz seeds and internal/e2e included); package claim once more with string records
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-go-packages test-go-string-records
+
+# The two runs of test-go go side by side (each one's output whole, when it
+# ends): the tests mostly wait on Redis, timers and child processes, so
+# one after the other would leave the CPU idle for minutes.
+.PHONY: test-go-packages test-go-string-records
+test-go-packages:
 	$(GO) test -race -count=1 -timeout 15m ./...
+test-go-string-records:
 	CLAIM_TEST_RECORD_FORMAT=string $(GO) test -race -count=1 -timeout 5m ./claim
 
 .PHONY: test-integration
-test-integration: deps ## Run only the tests of INTEGRATION_TEST_FILES (Cluster, Sentinel, soak, Redis kill/restart, the binary)
-	@set -e; for f in $(INTEGRATION_TEST_FILES); do test -f "$$f" || { echo "INTEGRATION_TEST_FILES: no $$f"; exit 1; }; done; \
-	names="$$(sed -n 's/^func \(Test[A-Za-z0-9_]*\)(t \*testing\.T) {$$/\1/p' $(INTEGRATION_TEST_FILES) | paste -sd '|' -)"; \
-	test -n "$$names" || { echo "no Test functions in $(INTEGRATION_TEST_FILES)"; exit 1; }; \
-	echo "$(GO) test -race -count=1 -timeout 15m -run '^($$names)\$$' ."; \
-	$(GO) test -race -count=1 -timeout 15m -run "^($$names)\$$" .
+test-integration: deps ## Run only the end-to-end tests, internal/e2e (the binary, Cluster, Sentinel, soak, Redis kill/restart, make run)
+	$(GO) test -race -count=1 -timeout 15m ./internal/e2e/...
 
 .PHONY: fuzz
 fuzz: ## Fuzz key parsing, ROUTES, key sources, JSON pointers and record decoding for FUZZTIME each

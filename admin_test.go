@@ -1,5 +1,8 @@
 package main
 
+// Tests of admin.go: /readyz (its check of Redis, its cache and its log),
+// the admin listener and what it exports.
+
 import (
 	"context"
 	"errors"
@@ -27,10 +30,9 @@ import (
 func TestReadyzHidesRedisAddress(t *testing.T) {
 	port := strconv.Itoa(redistest.FreePort(t)) // nothing listens there
 	up := newUpstream(t)
-	a, logs := startEnv(t, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0",
-		"REDIS_URL=redis://127.0.0.1:"+port+"/0")
+	a, logs := startProxy(t, up.URL, "REDIS_URL=redis://127.0.0.1:"+port+"/0")
 	c := newClient(t)
-	status, body, err := get(c, "http://"+a.adminAddr.String()+"/readyz")
+	status, body, err := get(c, adminURL(a, "/readyz"))
 	if err != nil || status != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz with Redis down: got %v %v %q, want 503", status, err, body)
 	}
@@ -45,7 +47,7 @@ func TestReadyzHidesRedisAddress(t *testing.T) {
 	if !strings.Contains(logs.String(), port) {
 		t.Errorf("log lacks the cause (Redis's address); got:\n%s", logs.String())
 	}
-	if m := getBody(t, c, "http://"+a.adminAddr.String()+"/metrics"); !strings.Contains(m, "\nidemproxy_ready 0\n") {
+	if m := getBody(t, c, adminURL(a, "/metrics")); !strings.Contains(m, "\nidemproxy_ready 0\n") {
 		t.Errorf("/metrics with Redis down: want idemproxy_ready 0; got:\n%v", grepLines(m, "idemproxy_ready"))
 	}
 }
@@ -191,6 +193,128 @@ func TestReadyzCachedAndLogRateLimited(t *testing.T) {
 	}
 }
 
+// TestReadyzNotPoisonedByAnAbortedProbe: one caller must not decide the
+// shared, cached result. /readyz checks Redis on the request's own context
+// and caches the result for everyone for 1 s. A caller that goes away before
+// the check ends (a probe that timed out, an aborted curl, anyone who can
+// reach the admin port sending a request and closing) cancels that context:
+// the PING fails with "context canceled", which is cached as "Redis
+// unreachable" -- the next /readyz (the kubelet's) gets 503, idemproxy_ready
+// drops to 0 and "not ready: Redis unreachable" is logged, while Redis is
+// perfectly healthy. One aborted request a second keeps every replica out of
+// the Service.
+func TestReadyzNotPoisonedByAnAbortedProbe(t *testing.T) {
+	rd, h, logs, _ := frozenReadiness(t)
+
+	aborted, cancel := context.WithCancel(context.Background())
+	cancel() // the caller hung up (net/http cancels r.Context())
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/readyz", nil).WithContext(aborted))
+
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil)) // the kubelet, a moment later
+	if rec.Code != http.StatusOK {
+		t.Errorf("/readyz with a healthy Redis, after one aborted /readyz: got %d %q, want 200", rec.Code, rec.Body.String())
+	}
+	if v := gaugeValue(rd.ready); v != 1 {
+		t.Errorf("idemproxy_ready with a healthy Redis, after one aborted /readyz: %v, want 1", v)
+	}
+	if strings.Contains(logs.String(), "Redis unreachable") {
+		t.Errorf("a healthy Redis was logged unreachable: %s", strings.TrimSpace(logs.String()))
+	}
+}
+
+// TestReadyzSettingsNotPoisonedByAnAbortedProbe: the Redis settings
+// (maxmemory-policy) are read once, by the first /readyz check that gets a
+// PONG, and never again. When that request's caller goes away between the
+// PING and the CONFIG GET, the CONFIG GET fails with "context canceled",
+// which configWarnings turns into a warning ("could not read
+// maxmemory-policy ... make sure it is noeviction") that is kept as the
+// settings check's result for the life of the process: /readyz carries it
+// and idemproxy_store_unsafe stays 1 (alert IdemproxyStoreUnsafe) on a Redis
+// whose policy is noeviction.
+func TestReadyzSettingsNotPoisonedByAnAbortedProbe(t *testing.T) {
+	rd, h, _, _ := frozenReadiness(t)
+	if err := rd.store.client.ConfigSet(context.Background(), "maxmemory-policy", "noeviction").Err(); err != nil {
+		t.Fatal(err)
+	}
+	aborted, cancel := context.WithCancel(context.Background())
+	// The caller hangs up right after Redis answered PING.
+	rd.ping = func(ctx context.Context) error {
+		err := rd.store.ping(ctx)
+		cancel()
+		return err
+	}
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/readyz", nil).WithContext(aborted))
+	rd.ping = nil
+
+	// Later checks, fresh (the cache dropped), on live contexts.
+	rd.probe.Lock()
+	rd.cached = false
+	rd.probe.Unlock()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if rec.Code != http.StatusOK || rec.Body.String() != "ready\n" {
+		t.Errorf("/readyz on a noeviction Redis, after a caller hung up mid-check: got %d %q, want 200 \"ready\\n\"", rec.Code, rec.Body.String())
+	}
+	if v := gaugeValue(rd.unsafe); v != 0 {
+		t.Errorf("idemproxy_store_unsafe on a noeviction Redis: %v, want 0", v)
+	}
+}
+
+// TestReadyzSettingsReadAgainAfterAnOutage: the settings are read once and
+// their warning kept; a read that failed because Redis went away between
+// the PING and the CONFIG GET must not stand for them (it would say "could
+// not read maxmemory-policy" and keep idemproxy_store_unsafe at 1 for the
+// life of the process). That check fails; the next one reads them.
+func TestReadyzSettingsReadAgainAfterAnOutage(t *testing.T) {
+	rd, h, _, srv := frozenReadiness(t)
+	rd.ping = func(ctx context.Context) error {
+		err := rd.store.ping(ctx)
+		srv.Kill() // Redis goes away right after its PONG
+		return err
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz when Redis went away mid-check: got %d %q, want 503", rec.Code, rec.Body.String())
+	}
+	rd.ping = nil
+	srv.Restart()
+	rd.probe.Lock()
+	rd.cached = false
+	rd.probe.Unlock()
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if rec.Code != http.StatusOK || rec.Body.String() != "ready\n" {
+		t.Errorf("/readyz once Redis is back (noeviction): got %d %q, want 200 \"ready\\n\"", rec.Code, rec.Body.String())
+	}
+	if v := gaugeValue(rd.unsafe); v != 0 {
+		t.Errorf("idemproxy_store_unsafe on a noeviction Redis: %v, want 0", v)
+	}
+}
+
+// TestReadyzListsConfigWarnings: risky-but-allowed settings are reported in
+// the /readyz body, as the contract asks.
+func TestReadyzListsConfigWarnings(t *testing.T) {
+	cfg, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:9", "LISTEN_ADDR=127.0.0.1:0",
+		"ADMIN_ADDR=127.0.0.1:0", "FAIL_MODE=open", "UPSTREAM_TIMEOUT=30s", "LOCK_TTL=32s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := startApp(t, cfg)
+	resp, err := http.Get(adminURL(a, "/readyz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"FAIL_MODE=open", "LOCK_TTL=32s leaves 2s", "embedded"} {
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
+			t.Errorf("/readyz %d %q lacks %q", resp.StatusCode, body, want)
+		}
+	}
+}
+
 func TestAdminAddrSetButEmptyDisablesAdmin(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -226,7 +350,7 @@ func TestAdminAddrSetButEmptyDisablesAdmin(t *testing.T) {
 			if a.adminAddr != nil {
 				// The check at start has set the gauge: the embedded store answers.
 				c := newClient(t)
-				if m := getBody(t, c, "http://"+a.adminAddr.String()+"/metrics"); !strings.Contains(m, "\nidemproxy_ready 1\n") {
+				if m := getBody(t, c, adminURL(a, "/metrics")); !strings.Contains(m, "\nidemproxy_ready 1\n") {
 					t.Errorf("/metrics after start: want idemproxy_ready 1; got:\n%v", grepLines(m, "idemproxy_ready"))
 				}
 			}
@@ -235,15 +359,54 @@ func TestAdminAddrSetButEmptyDisablesAdmin(t *testing.T) {
 }
 
 // TestAdminServerDeadlines: the admin listener bounds every read and write
-// and closes idle connections, as the proxy's does (review17b: it had only a
-// header timeout, so idle keep-alive connections were held for ever). The
-// durations themselves are minutes, too long to wait for here.
+// and closes idle connections, as the proxy's does: with only a header
+// timeout, idle keep-alive connections (file descriptors) were held for ever
+// by whoever reached the admin port. The durations themselves are minutes,
+// too long to wait for here.
 func TestAdminServerDeadlines(t *testing.T) {
 	up := newUpstream(t)
-	a, _ := startEnv(t, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0")
+	a, _ := startProxy(t, up.URL)
 	s := a.adminSrv
 	if s.ReadHeaderTimeout <= 0 || s.ReadTimeout <= 0 || s.WriteTimeout <= 0 || s.IdleTimeout <= 0 {
 		t.Errorf("admin server: ReadHeaderTimeout %v, ReadTimeout %v, WriteTimeout %v, IdleTimeout %v; want each above zero",
 			s.ReadHeaderTimeout, s.ReadTimeout, s.WriteTimeout, s.IdleTimeout)
 	}
+}
+
+// frozenReadiness is the proxy's readiness check against a real, healthy
+// redis-server, with its clock frozen (the 1 s cache window never ends by
+// itself, so no timing decides the outcome).
+func frozenReadiness(t *testing.T) (*readiness, http.Handler, *testutil.SyncBuffer, *redistest.Server) {
+	t.Helper()
+	srv := redistest.Start(t)
+	cfg, err := loadConfig([]string{"UPSTREAM_URL=http://127.0.0.1:1", "REDIS_URL=" + srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &testutil.SyncBuffer{}
+	st, err := openRedis(cfg, zerolog.Nop(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.close)
+	frozen := time.Unix(1_700_000_000, 0)
+	rd := &readiness{
+		store:  st,
+		logger: zerolog.New(logs),
+		unsafe: prometheus.NewGauge(prometheus.GaugeOpts{Name: "idemproxy_store_unsafe"}),
+		ready:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "idemproxy_ready"}),
+		now:    func() time.Time { return frozen },
+	}
+	return rd, adminHandler(prometheus.NewRegistry(), rd), logs, srv
+}
+
+// gaugeValue reads a gauge's value.
+func gaugeValue(g prometheus.Gauge) float64 {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(g)
+	mfs, err := reg.Gather()
+	if err != nil || len(mfs) != 1 || len(mfs[0].GetMetric()) != 1 {
+		return -1
+	}
+	return mfs[0].GetMetric()[0].GetGauge().GetValue()
 }

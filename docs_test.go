@@ -104,3 +104,96 @@ func TestMetricsDocumented(t *testing.T) {
 		}
 	}
 }
+
+// TestWebhookDocsSignedDeliveriesConsistent: the webhook page once said
+// in one part that idemproxy checks no signature and that an upstream's 401
+// to a forgery is recorded and replayed to the genuine delivery, the
+// opposite of what verify= and the release of 401/403 on key= routes do;
+// and it told Helm users to pass the secrets through envFrom or extraEnv,
+// while the chart takes them as config.routes[].verify.secretName and keys
+// (and renders variable names of its own, so a secret under extraEnv cannot
+// be named by a chart route). An operator deciding whether the upstream
+// must keep its own checks reads both.
+func TestWebhookDocsSignedDeliveriesConsistent(t *testing.T) {
+	b, err := os.ReadFile("docs/webhooks.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	for _, stale := range []string{
+		"Signatures are not checked by idemproxy",
+		"your API's refusal (401) is recorded and the real delivery gets it",
+	} {
+		if strings.Contains(readme, stale) {
+			t.Errorf("docs/webhooks.md still says %q", stale)
+		}
+	}
+	if !strings.Contains(readme, "secretName") {
+		t.Error("docs/webhooks.md does not document the chart's config.routes[].verify.secretName/keys")
+	}
+}
+
+// TestRunbookReplayCacheOffFailMode: the runbook "## IdemproxyReplayCacheOff" (docs/runbook.md) says
+// "Nothing is replayed wrongly and nothing executes twice; replays cost a Redis round trip
+// each", and lists "Redis unreachable from the pod" among its causes. While Redis is
+// unreachable replays are not read from Redis: they follow FAIL_MODE, and with FAIL_MODE=open a
+// retry of a completed request is forwarded again ("Replay cache", "Redis unreachable"; the
+// metric's own row says "or follow FAIL_MODE while it is unreachable"). The section, and the
+// alerts-table row ("every replay is read from Redis"), should say so.
+func TestRunbookReplayCacheOffFailMode(t *testing.T) {
+	b, err := os.ReadFile("docs/runbook.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	_, sec, ok := strings.Cut(readme, "\n## IdemproxyReplayCacheOff\n")
+	if !ok {
+		t.Fatal("no runbook section")
+	}
+	if i := strings.Index(sec, "\n#"); i >= 0 {
+		sec = sec[:i]
+	}
+	flat := strings.Join(strings.Fields(sec), " ")
+	if strings.Contains(flat, "nothing executes twice") && strings.Contains(flat, "unreachable") && !strings.Contains(flat, "FAIL_MODE") {
+		t.Errorf("runbook IdemproxyReplayCacheOff says nothing executes twice and names Redis unreachable as a cause, without FAIL_MODE (open: retries of completed requests are forwarded again)")
+	}
+	for _, line := range strings.Split(readme, "\n") {
+		if strings.HasPrefix(line, "| `IdemproxyReplayCacheOff` |") && !strings.Contains(line, "FAIL_MODE") {
+			t.Errorf("alerts table row says %q; while Redis is unreachable replays follow FAIL_MODE, not read from Redis", line)
+		}
+	}
+}
+
+// TestChartReadmeDocumentsRecordFormat: the chart's README maps
+// each config value to its variable in one table ("The config block maps
+// one key to each environment variable of the proxy"); config.recordFormat
+// was once missing from it, though that table is where a chart user looks
+// for the rollout switch.
+func TestChartReadmeDocumentsRecordFormat(t *testing.T) {
+	b, err := os.ReadFile("charts/idemproxy/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "`config.recordFormat`") || !strings.Contains(string(b), "`RECORD_FORMAT`") {
+		t.Errorf("charts/idemproxy/README.md: no row for config.recordFormat (RECORD_FORMAT) in its table of config values")
+	}
+}
+
+// TestPerformanceDocMeasuresStringRecords: docs/performance.md says how to
+// measure RECORD_FORMAT=string beside hashes, and never describes the
+// string record as work "not done" that "needs a two-phase rollout".
+func TestPerformanceDocMeasuresStringRecords(t *testing.T) {
+	b, err := os.ReadFile("docs/performance.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	perf := string(b)
+	if !strings.Contains(perf, "RECORD_FORMAT") {
+		t.Errorf("docs/performance.md never mentions RECORD_FORMAT: it has no measurement of string records")
+	}
+	for _, stale := range []string{"15 µs would take at most about 5 commands per first request; not done", "which needs a two-phase rollout because\nolder replicas cannot read it"} {
+		if strings.Contains(perf, stale) {
+			t.Errorf("docs/performance.md still says %q of the string record this change ships", stale)
+		}
+	}
+}

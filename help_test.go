@@ -1,5 +1,7 @@
 package main
 
+// Tests of help.go: --help and the usage errors of the command line.
+
 import (
 	"bytes"
 	"context"

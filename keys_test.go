@@ -1,18 +1,22 @@
 package main
 
-// Tests of `idemproxy keys` through run(), as the binary runs it, against
-// real redis-server processes (standalone, Sentinel, Cluster) and proxies
-// started in-process through start().
+// Tests of keys.go, the `idemproxy keys` operator command, through run as
+// the binary runs it: its usage and failures, hash against the access log's
+// key_hash, get, list, purge and forget against real redis-server processes,
+// beside proxies started in-process. Against Cluster and Sentinel, and as a
+// subprocess: internal/e2e.
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"net/http"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,40 +24,6 @@ import (
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/internal/testutil"
 )
-
-// keysRun runs `idemproxy keys args...` with env and returns its output
-// and exit status.
-func keysRun(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
-	t.Helper()
-	// stderr also becomes go-redis's logger (openRedis), which proxies of
-	// the same test process may write to: a buffer safe for that.
-	var out bytes.Buffer
-	var errb testutil.SyncBuffer
-	err := run(context.Background(), append([]string{"idemproxy", "keys"}, args...), env, &out, &errb)
-	if code = exitCode(err); err != nil && code == 1 {
-		_, _ = errb.Write([]byte("idemproxy: " + err.Error() + "\n")) // what main prints
-	}
-	return out.String(), errb.String(), code
-}
-
-// keysOK runs keys and fails t unless it exits 0.
-func keysOK(t *testing.T, env []string, args ...string) string {
-	t.Helper()
-	out, errOut, code := keysRun(t, env, args...)
-	if code != 0 {
-		t.Fatalf("keys %q: exit %d\nstderr: %s", args, code, errOut)
-	}
-	return out
-}
-
-// normalise replaces what changes from run to run (times, TTLs,
-// fingerprints) in keys' JSON output.
-func normalise(s string) string {
-	s = regexp.MustCompile(`"(claimed_at|completed_at|lock_expires_at)":"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"`).ReplaceAllString(s, `"$1":"TIME"`)
-	s = regexp.MustCompile(`"ttl_ms":[1-9]\d*`).ReplaceAllString(s, `"ttl_ms":TTL`)
-	s = regexp.MustCompile(`"Date":\["[^"]+"\]`).ReplaceAllString(s, `"Date":["DATE"]`)
-	return regexp.MustCompile(`"fingerprint":"[0-9a-f]{64}"`).ReplaceAllString(s, `"fingerprint":"FP"`)
-}
 
 func TestKeysUsageAndFailures(t *testing.T) {
 	srv := redistest.Start(t)
@@ -108,23 +78,95 @@ func TestKeysUsageAndFailures(t *testing.T) {
 	}
 }
 
-// lastKeyHash returns the key_hash of the last access-log line ("request").
-func lastKeyHash(t *testing.T, logs string) string {
-	t.Helper()
-	var hash string
-	for line := range strings.SplitSeq(logs, "\n") {
-		var e struct {
-			Message string `json:"message"`
-			KeyHash string `json:"key_hash"`
-		}
-		if json.Unmarshal([]byte(line), &e) == nil && e.Message == "request" {
-			hash = e.KeyHash
+// TestKeysNeverPrintAKeyArgument: an argument of keys hash that starts
+// with "-" (a base64url key does, one time in 64) is no flag, and the error
+// says so without quoting it; so does an unknown command. The flag
+// package's own message ("flag provided but not defined: -<key>") used to
+// write the key in clear to the operator's terminal, scroll-back or CI log.
+func TestKeysNeverPrintAKeyArgument(t *testing.T) {
+	for _, args := range [][]string{
+		{"hash", "-Zq7xS3cr3tIdempotencyKey"},
+		{"hash", "--source", "header:X-Event-Id", "-Zq7xS3cr3tIdempotencyKey"},
+		{"hash", "--scope", "Authorization=Bearer t", "-Zq7xS3cr3tIdempotencyKey"},
+	} {
+		var stdout, stderr bytes.Buffer
+		err := runKeys(context.Background(), args, []string{"KEY_PREFIX=idem:"}, &stdout, &stderr)
+		if out := stdout.String() + stderr.String(); strings.Contains(out, "Zq7xS3cr3tIdempotencyKey") {
+			t.Errorf("keys %s: the key is printed in clear (err %v):\n%s", strings.Join(args, " "), err, firstLine(out))
 		}
 	}
-	if hash == "" {
-		t.Fatalf("no access-log line with a key_hash in:\n%s", logs)
+	var stdout, stderr bytes.Buffer
+	_ = runKeys(context.Background(), []string{"-Zq7xS3cr3tIdempotencyKey"}, nil, &stdout, &stderr)
+	if strings.Contains(stdout.String()+stderr.String(), "Zq7xS3cr3t") {
+		t.Errorf("keys <key>: the argument is printed in clear: %s", firstLine(stderr.String()))
 	}
-	return hash
+}
+
+// TestKeysNeverEchoSecrets: "Nothing is printed in clear that the proxy
+// hashes (keys, scope values)". The likeliest operator slips, passing the
+// idempotency key itself instead of its key_hash to get or purge, and a
+// --scope without NAME=, used to echo the key / the credential on stderr
+// (which ends up in shell history captures, CI logs, kubectl exec
+// transcripts).
+func TestKeysNeverEchoSecrets(t *testing.T) {
+	srv := redistest.Start(t)
+	env := []string{"REDIS_URL=" + srv.URL()}
+	const secretKey = "pay_7f3a9c-customer-4711"
+	const secretScope = "Bearer-sk_live_51HxYzSECRET"
+	for _, args := range [][]string{
+		{"get", secretKey},
+		{"purge", secretKey},
+		{"hash", "--scope", secretScope, "k"},
+	} {
+		out, errOut, code := keysRun(t, env, args...)
+		if code != 2 {
+			t.Errorf("keys %q: exit %d, want 2", args, code)
+		}
+		for _, s := range []string{secretKey, secretScope} {
+			if strings.Contains(out+errOut, s) {
+				t.Errorf("keys %q prints %q in clear:\n%s", args, s, errOut)
+			}
+		}
+	}
+}
+
+// TestKeysEndWithinTimeout: against a Redis that accepts connections and
+// never answers, every command must end (exit 1) within --timeout, in every
+// REDIS_MODE. By default go-redis ignores the context's deadline on the
+// socket (ContextTimeoutEnabled is false) and the HELLO handshake waits for
+// its own 5 s timeout: --timeout=1s took 5 s.
+func TestKeysEndWithinTimeout(t *testing.T) {
+	addr := blackHole(t)
+	const hash = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+	standalone := []string{"REDIS_URL=redis://" + addr + "/0"}
+	cluster := []string{"REDIS_MODE=cluster", "REDIS_ADDRS=" + addr}
+	sentinel := []string{"REDIS_MODE=sentinel", "REDIS_ADDRS=" + addr, "REDIS_MASTER_NAME=mymaster"}
+	for _, tc := range []struct {
+		name string
+		env  []string
+		args []string
+	}{
+		{"standalone get", standalone, []string{"get", hash, "--timeout=1s"}},
+		{"standalone list", standalone, []string{"list", "--timeout=1s"}},
+		{"standalone purge", standalone, []string{"purge", hash, "--timeout=1s"}},
+		{"cluster list", cluster, []string{"list", "--timeout=1s"}},
+		{"cluster purge", cluster, []string{"purge", hash, "--timeout=1s"}},
+		{"sentinel get", sentinel, []string{"get", hash, "--timeout=1s"}},
+		{"sentinel list", sentinel, []string{"list", "--timeout=1s"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			start := time.Now()
+			out, errOut, code := keysRun(t, tc.env, tc.args...)
+			took := time.Since(start)
+			if code != 1 || out != "" {
+				t.Errorf("keys %q: exit %d stdout %q; want exit 1, nothing on stdout", tc.args, code, out)
+			}
+			if took > 1500*time.Millisecond {
+				t.Errorf("keys %q against a Redis that never answers took %v with --timeout=1s (stderr %q)", tc.args, took.Round(time.Millisecond), errOut)
+			}
+		})
+	}
 }
 
 // TestKeysHashIsTheLoggedKeyHash: `keys hash` prints the key_hash the
@@ -135,10 +177,9 @@ func TestKeysHashIsTheLoggedKeyHash(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newUpstream(t)
 	env := []string{"REDIS_URL=" + srv.URL(), "SCOPE_HEADERS=Authorization,X-Tenant"}
-	a, logs := startEnv(t, append(env, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=",
-		"ROUTES=POST /hooks/ce key=cloudevents; POST /hooks/gh key=github scope=X-Tenant; POST /hooks/signed key=github scope= verify=GH_SECRET",
-		"GH_SECRET=It's a Secret to Everybody")...)
-	base := "http://" + a.proxyAddr.String()
+	a, logs := startProxy(t, up.URL, append(env, "ROUTES=POST /hooks/ce key=cloudevents; POST /hooks/gh key=github scope=X-Tenant; POST /hooks/signed key=github scope= verify=GH_SECRET",
+		"GH_SECRET=It's a Secret to Everybody", "ADMIN_ADDR=")...)
+	base := proxyURL(a, "")
 	c := newClient(t)
 	send := func(path string, header map[string]string, body string) {
 		t.Helper()
@@ -196,6 +237,50 @@ func TestKeysHashIsTheLoggedKeyHash(t *testing.T) {
 	}
 }
 
+// TestKeysHashScopeEdges: keys hash must print the access log's
+// key_hash for every request the proxy takes. Two scope cases differed:
+//   - a scope header sent twice whose first value is empty: the proxy joins
+//     ["", "acme"] into "\nacme"; keys hash --scope X-Tenant= --scope
+//     X-Tenant=acme skips the separator for an empty first value ("acme");
+//   - SCOPE_HEADERS naming one header twice (X-Tenant,x-tenant, accepted by
+//     the config): the proxy fills both slots, keys hash only the first.
+func TestKeysHashScopeEdges(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, tc := range []struct {
+		name   string
+		scope  string
+		header []string // X-Tenant values, in order
+		args   []string
+	}{
+		{"repeated scope header, first value empty", "X-Tenant", []string{"", "acme"},
+			[]string{"--scope", "X-Tenant=", "--scope", "X-Tenant=acme", "k-empty-first"}},
+		{"SCOPE_HEADERS names a header twice", "X-Tenant,x-tenant", []string{"acme"},
+			[]string{"--scope", "X-Tenant=acme", "k-dup-scope"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t)
+			env := []string{"REDIS_URL=" + srv.URL(), "SCOPE_HEADERS=" + tc.scope}
+			a, logs := startProxy(t, up.URL, append(env, "ADMIN_ADDR=")...)
+			req, _ := http.NewRequest(http.MethodPost, proxyURL(a, "/v1/orders"), strings.NewReader(`{}`))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Idempotency-Key", tc.args[len(tc.args)-1])
+			req.Header["X-Tenant"] = tc.header
+			res, err := newClient(t).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			if res.StatusCode != http.StatusCreated {
+				t.Fatalf("POST: status %d", res.StatusCode)
+			}
+			logged := lastKeyHash(t, logs.String())
+			if got := strings.TrimSpace(keysOK(t, env, append([]string{"hash"}, tc.args...)...)); got != logged {
+				t.Errorf("keys hash %q = %s, the access log says %s", tc.args, got, logged)
+			}
+		})
+	}
+}
+
 // TestKeysGetListPurge: golden outputs of get, list and purge for each
 // kind of record: completed through the proxy, completed too large to
 // store, in flight, unknown (ON_UNKNOWN=hold, written as its format says),
@@ -206,31 +291,19 @@ func TestKeysGetListPurge(t *testing.T) {
 	ctx := context.Background()
 	up := newUpstream(t)
 	env := []string{"REDIS_URL=" + srv.URL()}
-	a, _ := startEnv(t, append(env, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=")...)
+	a, _ := startProxy(t, up.URL, append(env, "ADMIN_ADDR=")...)
 	c := newClient(t)
-	if r := mustPost(t, c, "http://"+a.proxyAddr.String()+"/v1/orders", "done", `{"amount":1}`); r.status != http.StatusCreated {
+	if r := mustPost(t, c, proxyURL(a, "/v1/orders"), "done", `{"amount":1}`); r.status != http.StatusCreated {
 		t.Fatalf("POST: %d", r.status)
 	}
 	done := claim.NewKey([]string{""}, "done")
 
 	s := claim.NewStore(rdb, "idem:", nil)
 	big := claim.NewKey([]string{""}, "big")
-	lease, _, err := s.Acquire(ctx, big, claim.Fingerprint{}, claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lease.Complete(ctx, &claim.Record{Status: 200, Header: map[string][]string{"Content-Type": {"text/event-stream"}}, BodyNotStored: true}, time.Hour); err != nil {
-		t.Fatal(err)
-	}
+	storeRecord(t, s, big, &claim.Record{Status: 200, Header: map[string][]string{"Content-Type": {"text/event-stream"}}, BodyNotStored: true})
 	binary := claim.NewKey([]string{""}, "binary")
-	lease, _, err = s.Acquire(ctx, binary, claim.Fingerprint{}, claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
 	rawBody := []byte{0, 1, 2, 0xff, '\n', '<'}
-	if err := lease.Complete(ctx, &claim.Record{Status: 202, Body: rawBody, Trailer: map[string][]string{"X-Checksum": {"abc"}}}, time.Hour); err != nil {
-		t.Fatal(err)
-	}
+	storeRecord(t, s, binary, &claim.Record{Status: 202, Body: rawBody, Trailer: map[string][]string{"X-Checksum": {"abc"}}})
 	inflight := claim.NewKey([]string{""}, "inflight")
 	if _, _, err := s.Acquire(ctx, inflight, claim.Fingerprint{}, claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err != nil {
 		t.Fatal(err)
@@ -352,21 +425,13 @@ func TestKeysGetListPurge(t *testing.T) {
 // values are shown by size only, unless --show-secrets asks for them.
 func TestKeysGetMasksSetCookie(t *testing.T) {
 	srv := redistest.Start(t)
-	ctx := context.Background()
 	env := []string{"REDIS_URL=" + srv.URL()}
 	s := claim.NewStore(srv.Client(), "idem:", nil)
 	k := claim.NewKey([]string{""}, "cookie")
-	lease, _, err := s.Acquire(ctx, k, claim.Fingerprint{}, claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const session = "session=Zq7xCookieS3cret; HttpOnly"
-	rec := &claim.Record{Status: 200, Body: []byte("ok"),
+	storeRecord(t, s, k, &claim.Record{Status: 200, Body: []byte("ok"),
 		Header:  map[string][]string{"Set-Cookie": {session, "theme=dark"}, "Content-Type": {"text/plain"}},
-		Trailer: map[string][]string{"Set-Cookie": {session}}}
-	if err := lease.Complete(ctx, rec, time.Hour); err != nil {
-		t.Fatal(err)
-	}
+		Trailer: map[string][]string{"Set-Cookie": {session}}})
 	out := keysOK(t, env, "get", k.String())
 	if strings.Contains(out, "Zq7xCookieS3cret") || strings.Contains(out, "theme=dark") {
 		t.Errorf("keys get prints recorded Set-Cookie values:\n%s", out)
@@ -381,14 +446,275 @@ func TestKeysGetMasksSetCookie(t *testing.T) {
 	}
 }
 
+// TestKeysGetEscapesC1Controls: recorded header values come from
+// the upstream (obs-text is legal in a field value) and keys get prints
+// them to an operator's terminal. encoding/json escapes C0 controls
+// (ESC becomes \u001b) but not DEL nor the C1 controls U+0080-U+009F:
+// U+009B is CSI, U+009D OSC (terminal title, OSC 52 clipboard), which
+// terminals that honour C1 controls execute. Output for a terminal and for
+// jq must carry them escaped (\u009b), as it does ESC.
+func TestKeysGetEscapesC1Controls(t *testing.T) {
+	srv := redistest.Start(t)
+	env := []string{"REDIS_URL=" + srv.URL()}
+	s := claim.NewStore(srv.Client(), "idem:", nil)
+	k := claim.NewKey([]string{""}, "c1")
+	hostile := "ok\u009b2J\u009d0;pwned\u009c\x7f\x1b[31m"
+	storeRecord(t, s, k, &claim.Record{Status: 200, Header: map[string][]string{"X-Note": {hostile}}})
+	out := keysOK(t, env, "get", k.String())
+	var j struct {
+		Headers map[string][]string `json:"headers"`
+	}
+	if err := json.Unmarshal([]byte(out), &j); err != nil || j.Headers["X-Note"][0] != hostile {
+		t.Fatalf("keys get: not the recorded value through JSON: %v %q", err, out)
+	}
+	for _, r := range out {
+		if r == 0x7f || (r >= 0x80 && r <= 0x9f) || r < 0x20 && r != '\n' {
+			t.Errorf("keys get prints the control character %U raw: %q", r, out)
+		}
+	}
+}
+
+// TestKeysGetShowsExecutionTrace: the execution's trace id is kept with the
+// record (field tr) so that an operator can go from a key to the
+// execution's trace; `idemproxy keys get`, the tool the runbook sends them
+// to, shows it.
+func TestKeysGetShowsExecutionTrace(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	s := claim.NewStore(rdb, "idem:", nil)
+	k := claim.NewKey([]string{""}, "traced")
+	const tr = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
+	storeRecord(t, s, k, &claim.Record{Status: 201, Body: []byte(`{}`), Trace: tr})
+	if got := rdb.HGet(ctx, "idem:{"+k.String()+"}", "tr").Val(); got != tr {
+		t.Fatalf("field tr: got %q, want %q", got, tr)
+	}
+	out := keysOK(t, []string{"REDIS_URL=" + srv.URL()}, "get", k.String())
+	if !strings.Contains(out, "4bf92f3577b34da6a3ce929d0e0e4736") {
+		t.Errorf("keys get: the execution's trace id is not shown; got\n%s", out)
+	}
+}
+
+// TestKeysStringRecords: idemproxy keys reads records kept as strings
+// (RECORD_FORMAT=string) as it reads hashes, and marks them "format":"string",
+// so that an operator can find them before rolling back past this version.
+func TestKeysStringRecords(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	env := []string{"REDIS_URL=" + srv.URL()}
+	strProxy, strLog := startProxy(t, up.URL, append(env, "RECORD_FORMAT=string", "ADMIN_ADDR=")...)
+	hashProxy, hashLog := startProxy(t, up.URL, append(env, "ADMIN_ADDR=")...)
+	for want, log := range map[string]string{"string": strLog.String(), "hash": hashLog.String()} {
+		if !strings.Contains(log, `"record_format":"`+want+`"`) || !strings.Contains(log, "idemproxy started") {
+			t.Errorf("start log of the RECORD_FORMAT=%s proxy does not name it:\n%s", want, log)
+		}
+	}
+	c := newClient(t)
+	for _, p := range []struct {
+		key string
+		a   *app
+	}{{"as-string", strProxy}, {"as-hash", hashProxy}} {
+		if r := mustPost(t, c, proxyURL(p.a, "/v1/orders"), p.key, `{"amount":1}`); r.status != http.StatusCreated {
+			t.Fatalf("POST %s: %d", p.key, r.status)
+		}
+	}
+	str, hash := claim.NewKey([]string{""}, "as-string"), claim.NewKey([]string{""}, "as-hash")
+	if typ := srv.Client().Type(context.Background(), "idem:{"+str.String()+"}").Val(); typ != "string" {
+		t.Fatalf("the RECORD_FORMAT=string proxy's record is a Redis %s", typ)
+	}
+	s := claim.NewStore(srv.Client(), "idem:", nil, claim.StringRecords(true))
+	inflight := claim.NewKey([]string{""}, "in flight as string")
+	if _, _, err := s.Acquire(context.Background(), inflight, claim.Fingerprint{}, claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+
+	// get: the same members as the hash record of the same request, plus
+	// format (the upstream numbers its orders: the numbers are left out).
+	order := regexp.MustCompile(`/v1/orders/[0-9]+`)
+	gotStr := order.ReplaceAllString(normalise(keysOK(t, env, "get", str.String())), "/v1/orders/N")
+	gotHash := order.ReplaceAllString(normalise(keysOK(t, env, "get", hash.String())), "/v1/orders/N")
+	if want := strings.Replace(gotHash, `}`+"\n", `,"format":"string"}`+"\n", 1); strings.Replace(gotStr, str.String(), "K", 1) != strings.Replace(want, hash.String(), "K", 1) {
+		t.Errorf("keys get of the string record:\n got %s\nwant (the hash record's, with format) %s", gotStr, want)
+	}
+	if strings.Contains(gotHash, "format") {
+		t.Errorf("keys get of a hash record names a format: %s", gotHash)
+	}
+	if out := keysOK(t, env, "get", inflight.String()); !strings.Contains(out, `"state":"in_flight"`) ||
+		!strings.Contains(out, `"lock_expires_at"`) || !strings.Contains(out, `"format":"string"`) {
+		t.Errorf("keys get of an in-flight string record: %s", out)
+	}
+	if body := keysOK(t, env, "get", "--body", str.String()); !strings.HasPrefix(body, `{"id":`) {
+		t.Errorf("keys get --body of the string record: %q", body)
+	}
+
+	// list: all three, the two strings marked.
+	out := keysOK(t, env, "list")
+	if strings.Count(out, "\n") != 3 || strings.Count(out, `"format":"string"`) != 2 {
+		t.Errorf("keys list: want 3 records, 2 of them strings:\n%s", out)
+	}
+
+	// purge, then the key executes again once, and is a string again.
+	if out := keysOK(t, env, "purge", str.String()); !strings.Contains(out, `"purged":true`) {
+		t.Fatalf("keys purge: %s", out)
+	}
+	r := mustPost(t, c, proxyURL(strProxy, "/v1/orders"), "as-string", `{"amount":1}`)
+	if r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "" || up.KeyCalls("as-string") != 2 {
+		t.Errorf("POST after purge: %d, Idempotent-Replayed %q, the key ran %d times in all; want executed, twice in all",
+			r.status, r.header.Get("Idempotent-Replayed"), up.KeyCalls("as-string"))
+	}
+	if typ := srv.Client().Type(context.Background(), "idem:{"+str.String()+"}").Val(); typ != "string" {
+		t.Errorf("after purge and a new execution: a Redis %s, want string", typ)
+	}
+}
+
+// TestKeysShowRecordFormat: the README's rollback past this version ("Record
+// format"): "first set RECORD_FORMAT=hash everywhere and wait for the longest
+// TTL, or purge the keys still held as strings". The operator's tool for
+// finding keys is `idemproxy keys list` / `get`, so both must say which form
+// a record is kept in: when a string record and a hash record printed the
+// same line, the keys "still held as strings" could not be found (an older
+// binary's `keys list` skips them silently: it takes any non-hash for "not a
+// record").
+func TestKeysShowRecordFormat(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	env := []string{"REDIS_URL=" + srv.URL()}
+	keys := map[string]claim.Key{}
+	for _, form := range []string{"hash", "string"} {
+		s := claim.NewStore(rdb, "idem:", nil, claim.StringRecords(form == "string"))
+		k := claim.NewKey([]string{""}, "form-"+form)
+		keys[form] = k
+		storeRecord(t, s, k, &claim.Record{Status: 201, Body: []byte("ok")})
+		if typ := rdb.Type(ctx, claim.RecordKey("idem:", k)).Val(); typ != form {
+			t.Fatalf("%s store wrote a Redis %s", form, typ)
+		}
+	}
+	line := func(out string, k claim.Key) string {
+		for l := range strings.SplitSeq(out, "\n") {
+			if strings.Contains(l, k.String()) {
+				return strings.ReplaceAll(normalise(l), k.String(), "KEY")
+			}
+		}
+		t.Fatalf("no line for %s in %q", k, out)
+		return ""
+	}
+	list := keysOK(t, env, "list")
+	h, s := line(list, keys["hash"]), line(list, keys["string"])
+	if h == s {
+		t.Errorf("keys list prints a hash record and a string record alike:\n hash   %s\n string %s\nwant the form shown, so that the README's rollback step (purge the keys still held as strings) can be done", h, s)
+	}
+	hg, sg := line(keysOK(t, env, "get", keys["hash"].String()), keys["hash"]), line(keysOK(t, env, "get", keys["string"].String()), keys["string"])
+	if hg == sg {
+		t.Errorf("keys get prints a hash record and a string record alike:\n hash   %s\n string %s", hg, sg)
+	}
+}
+
+// TestKeysPurgeState: `keys purge --state` deletes only a record in that
+// state; otherwise it prints the state found, deletes nothing and exits 1.
+// A bad --state is a usage error, and so is `--state ""` (a script's unset
+// variable), never a purge without a check (it used to delete whatever
+// was there).
+func TestKeysPurgeState(t *testing.T) {
+	srv := redistest.Start(t)
+	env := []string{"REDIS_URL=" + srv.URL()}
+	rdb := srv.Client()
+	ctx := context.Background()
+	s := claim.NewStore(rdb, "idem:", nil)
+	k := completedKey(t, s, "purge-state")
+	hash := k.String()
+
+	out, errOut, code := keysRun(t, env, "purge", hash, "--state", "in_flight")
+	if code != 1 || strings.TrimSpace(out) != `{"key_hash":"`+hash+`","purged":false,"state":"completed"}` ||
+		!strings.Contains(errOut, "its record is completed, not --state=in_flight") {
+		t.Errorf("purge --state in_flight of a completed record: exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	if n, _ := rdb.Exists(ctx, claim.RecordKey("idem:", k)).Result(); n != 1 {
+		t.Fatal("the refused purge deleted the record")
+	}
+	out = keysOK(t, env, "purge", "--state", "completed", hash)
+	if strings.TrimSpace(out) != `{"key_hash":"`+hash+`","purged":true}` {
+		t.Errorf("purge --state completed: %s", out)
+	}
+	if n, _ := rdb.Exists(ctx, claim.RecordKey("idem:", k)).Result(); n != 0 {
+		t.Error("the record is still there after purge --state completed")
+	}
+	out, errOut, code = keysRun(t, env, "purge", hash, "--state", "completed")
+	if code != 1 || !strings.Contains(out, `"state":""`) || !strings.Contains(errOut, "no record") {
+		t.Errorf("purge --state of no record: exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	if _, errOut, code = keysRun(t, env, "purge", hash, "--state", "done"); code != 2 || !strings.Contains(errOut, `--state="done"`) {
+		t.Errorf("purge --state done: exit %d, stderr %s; want a usage error naming the value", code, errOut)
+	}
+	for _, args := range [][]string{{"--state", ""}, {"--state="}} {
+		k := completedKey(t, s, "empty-state-"+strings.Join(args, ""))
+		out, errOut, code := keysRun(t, env, append([]string{"purge", k.String()}, args...)...)
+		n, _ := rdb.Exists(ctx, claim.RecordKey("idem:", k)).Result()
+		if code != 2 || n != 1 {
+			t.Errorf("keys purge %q of a completed record: exit %d, record left %d\nstdout %s\nstderr %s\nwant a usage error (exit 2) and the record kept",
+				args, code, n, out, errOut)
+		}
+	}
+}
+
+// TestKeysPurgeStateMalformedRecord: a record whose answer does not decode
+// still has a state: `list --state` shows it (with its error) and `purge
+// --state` judges it by that. (list --state used to leave it out, and purge
+// failed with a message blaming Redis, leaving the runbook stuck.)
+func TestKeysPurgeStateMalformedRecord(t *testing.T) {
+	srv := redistest.Start(t)
+	env := []string{"REDIS_URL=" + srv.URL()}
+	rdb := srv.Client()
+	ctx := context.Background()
+	for _, c := range []struct{ state, st, rec string }{
+		{"completed", "c", "garbage"},
+		{"unknown", "u", "abc"},
+	} {
+		k := claim.NewKey(nil, "malformed-"+c.state)
+		rdb.HSet(ctx, claim.RecordKey("idem:", k), "st", c.st, "fp", "x", "rec", c.rec)
+		for _, args := range [][]string{{"list"}, {"list", "--state", c.state}} {
+			list := keysOK(t, env, args...)
+			if !strings.Contains(list, `"key_hash":"`+k.String()+`","state":"`+c.state+`"`) || !strings.Contains(list, `"error":`) {
+				t.Fatalf("keys %v does not show the record as %s, with its error: %s", args, c.state, list)
+			}
+		}
+		out, errOut, code := keysRun(t, env, "purge", "--state", c.state, k.String())
+		n, _ := rdb.Exists(ctx, claim.RecordKey("idem:", k)).Result()
+		if code != 0 || n != 0 {
+			t.Errorf("keys purge --state %s of a record `keys list` shows as %s: exit %d, record left %d\nstdout %q\nstderr %s",
+				c.state, c.state, code, n, out, errOut)
+		}
+	}
+}
+
+// TestKeysPurgeStateOfNothingPointsToForget: a --state purge that finds no
+// record announces nothing (it refused), and says where to turn if an
+// earlier purge of the key could not announce itself.
+func TestKeysPurgeStateOfNothingPointsToForget(t *testing.T) {
+	srv := redistest.Start(t)
+	operator := []string{"REDIS_URL=" + srv.URL()}
+	hash := strings.TrimSpace(keysOK(t, operator, "hash", "never-claimed"))
+	out, errOut, code := keysRun(t, operator, "purge", hash, "--state", "completed")
+	if code != 1 || strings.TrimSpace(out) != `{"key_hash":"`+hash+`","purged":false,"state":""}` ||
+		!strings.Contains(errOut, "no record") || !strings.Contains(errOut, "keys forget "+hash+" tells the replicas") {
+		t.Errorf("purge --state of no record: exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	if _, errOut, code := keysRun(t, operator, "forget"); code != 2 || !strings.Contains(errOut, "Usage: idemproxy keys forget KEY_HASH") {
+		t.Errorf("forget without KEY_HASH: exit %d, stderr %s; want a usage error", code, errOut)
+	}
+	if _, errOut, code := keysRun(t, operator, "forget", "abc"); code != 2 {
+		t.Errorf("forget abc: exit %d, stderr %s; want a usage error", code, errOut)
+	}
+}
+
 // TestKeysPurgeThenRetry: a purged key executes again, once, and then
 // replays that new answer.
 func TestKeysPurgeThenRetry(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newUpstream(t)
 	env := []string{"REDIS_URL=" + srv.URL()}
-	a, _ := startEnv(t, append(env, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0")...)
-	url := "http://" + a.proxyAddr.String() + "/v1/orders"
+	a, _ := startProxy(t, up.URL, env...)
+	url := proxyURL(a, "/v1/orders")
 	c := newClient(t)
 	waitReplayCacheOn(t, c, a) // else the replay is not cached, and the purge's announcement is not tested
 	first := mustPost(t, c, url, "retry-me", `{"a":1}`)
@@ -435,8 +761,8 @@ func TestKeysPurgeReachesEveryReplica(t *testing.T) {
 	c := newClient(t)
 	var first response
 	for i := range 2 {
-		a, _ := startEnv(t, append(env, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0")...)
-		urls = append(urls, "http://"+a.proxyAddr.String()+"/v1/orders")
+		a, _ := startProxy(t, up.URL, env...)
+		urls = append(urls, proxyURL(a, "/v1/orders"))
 		if r := cachedAnswer(t, c, a, "cached"); i == 0 {
 			first = r
 		} else if r.body != first.body {
@@ -462,107 +788,216 @@ func TestKeysPurgeReachesEveryReplica(t *testing.T) {
 	}
 }
 
-// TestKeysCluster: list walks every master, purge deletes on the key's
-// master and reaches the proxy, on a 3-master Redis Cluster.
-func TestKeysCluster(t *testing.T) {
-	cl := redistest.StartCluster(t)
-	up := newFleetUpstream(t)
-	env := []string{"REDIS_MODE=cluster", "REDIS_ADDRS=" + strings.Join(cl.Addrs(), ",")}
-	p := startFleetProxy(t, up.URL, env...)
-	keys := fleetKeys("keys", 40)
-	perMaster := map[string]int{}
-	for k, a := range p.sendAll(keys, 8) {
-		if !fleetExecuted(a) {
-			t.Fatalf("%s: status %d err %v", k, a.status, a.err)
+// Each way a purge can fail tells the operator what happened to the record
+// and what reaches the replicas' caches now. Purging again is not always
+// safe: a request may have executed and been recorded since.
+
+// TestKeysPurgeOfNothingUnannounced: nothing to delete, and the PUBLISH
+// refused: purged:false on stdout, and keys forget named.
+func TestKeysPurgeOfNothingUnannounced(t *testing.T) {
+	srv := redistest.Start(t)
+	nopub := noPublishUser(t, srv)
+	hash := strings.TrimSpace(keysOK(t, []string{"REDIS_URL=" + srv.URL()}, "hash", "never-claimed"))
+	out, errOut, code := keysRun(t, nopub, "purge", hash)
+	if code != 1 || strings.TrimSpace(out) != `{"key_hash":"`+hash+`","purged":false}` || !strings.Contains(errOut, "nothing to delete for "+hash+", and could not announce") ||
+		!strings.Contains(errOut, "REDIS_URL=") || !strings.Contains(errOut, "keys forget "+hash+" tells the replicas") || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+		t.Errorf("purge of nothing, announcement refused: exit %d\nstdout %s\nstderr %s\nwant exit 1, purged:false, one line naming the Redis and keys forget", code, out, errOut)
+	}
+}
+
+// TestKeysPurgeLostReply: the DEL reaches Redis, which runs it, but its
+// reply is lost (a network cut; here a relay that drops every reply after
+// the DEL). The purge gives up at --timeout; it cannot know whether the
+// record is gone, so it says how to find out and what to do either way.
+func TestKeysPurgeLostReply(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	a, _ := startProxy(t, up.URL, "REDIS_URL="+srv.URL())
+	c := newClient(t)
+	url := proxyURL(a, "/v1/orders")
+	const key = "lostreply"
+	first := cachedAnswer(t, c, a, key)
+	hash := strings.TrimSpace(keysOK(t, []string{"REDIS_URL=" + srv.URL()}, "hash", key))
+	k, err := claim.ParseKeyHash(hash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay := replyDroppingRelay(t, srv.Addr(), []byte("\r\ndel\r\n"))
+	out, errOut, code := keysRun(t, []string{"REDIS_URL=redis://" + relay + "/0"}, "purge", "--timeout", "2s", hash)
+	if code != 1 || out != "" {
+		t.Fatalf("purge with its reply lost: exit %d, stdout %q; want exit 1 at --timeout, nothing on stdout", code, out)
+	}
+	if n, _ := srv.Client().Exists(context.Background(), claim.RecordKey("idem:", k)).Result(); n != 0 {
+		t.Fatalf("the DEL did not run: this test shows nothing")
+	}
+	if r := mustPost(t, c, url, key, `{}`); r.body != first.body || r.header.Get("Idempotent-Replayed") != "true" || r.status != http.StatusCreated {
+		t.Fatalf("the proxy's cache no longer replays (%d): this test shows nothing", r.status)
+	}
+	for _, want := range []string{"--timeout=2s", "the delete may have run all the same", "keys get " + hash, "purge again then", "keys forget " + hash + " tells the replicas"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errOut)
 		}
-		perMaster[cl.NodeForKey(fleetRedisKey(k)).Addr()]++
 	}
-	if len(perMaster) != 3 {
-		t.Fatalf("records on %d masters, want 3: %v", len(perMaster), perMaster)
+}
+
+// replyDroppingRelay relays TCP to addr; once a client sends a command
+// containing marker (bytes of its RESP form), every later reply to that
+// client is dropped, as on a network cut after the request got through.
+func replyDroppingRelay(t *testing.T, addr string, marker []byte) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
-	listed := map[string]bool{}
-	for line := range strings.SplitSeq(strings.TrimSpace(keysOK(t, env, "list", "--limit", "100000", "--state", "completed")), "\n") {
-		var e struct {
-			KeyHash string `json:"key_hash"`
-			Status  int    `json:"status"`
-		}
-		if err := json.Unmarshal([]byte(line), &e); err != nil || e.Status != http.StatusCreated {
-			t.Fatalf("list line %q: %v", line, err)
-		}
-		listed[e.KeyHash] = true
-	}
-	for _, k := range keys {
-		if !listed[fleetKeyHash(k)] {
-			t.Errorf("keys list lacks %s (on %s)", k, cl.NodeForKey(fleetRedisKey(k)).Addr())
-		}
-	}
-	if len(listed) != len(keys) {
-		t.Errorf("keys list: %d records, want %d", len(listed), len(keys))
-	}
-	if out := keysOK(t, env, "list", "--limit", "5"); strings.Count(out, "\n") != 5 {
-		t.Errorf("keys list --limit 5: %d lines", strings.Count(out, "\n"))
-	}
-	for _, k := range keys[:3] {
-		for range 2 { // a replay, then one from the proxy's replay cache
-			if a := p.send(k); !a.replayed {
-				t.Fatalf("%s before purge: status %d replayed=%v, want a replay", k, a.status, a.replayed)
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for range 20 { // bounded: the command's connections and retries
+			cc, err := ln.Accept()
+			if err != nil {
+				return
 			}
+			sc, err := net.Dial("tcp", addr)
+			if err != nil {
+				_ = cc.Close()
+				return
+			}
+			t.Cleanup(func() { _ = cc.Close(); _ = sc.Close() })
+			var cut atomic.Bool
+			go func() {
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := cc.Read(buf)
+					if n > 0 {
+						if bytes.Contains(bytes.ToLower(buf[:n]), marker) {
+							cut.Store(true)
+						}
+						if _, werr := sc.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						_ = sc.Close()
+						return
+					}
+				}
+			}()
+			go func() {
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := sc.Read(buf)
+					if n > 0 && !cut.Load() {
+						if _, werr := cc.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						_ = cc.Close()
+						return
+					}
+				}
+			}()
 		}
-		if _, errOut, code := keysRun(t, env, "purge", "--state", "in_flight", fleetKeyHash(k)); code != 1 || !strings.Contains(errOut, "its record is completed") {
-			t.Fatalf("%s: purge --state in_flight of a completed key: exit %d, stderr %s", k, code, errOut)
-		}
-		keysOK(t, env, "purge", "--state", "completed", fleetKeyHash(k))
-		// The purge reaches the proxy's cache through Cluster Pub/Sub.
-		if a, _ := p.sendUntil(k, time.Second, fleetExecuted); !fleetExecuted(a) {
-			t.Errorf("%s 1s after purge: status %d replayed=%v, want executed", k, a.status, a.replayed)
-		}
-		if n := up.KeyCalls(k); n != 2 {
-			t.Errorf("%s executed %d times, want 2", k, n)
-		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestKeysForgetAfterUnannouncedPurge: a purge deletes the record but its
+// announcement fails (here the operator's Redis user may not publish), so a
+// replica that cached the answer goes on replaying it. Meanwhile the key is
+// free: a retry on another replica executes again and is recorded. Running
+// the purge again would delete that second answer too (the next retry would
+// execute a third time); keys forget tells the replicas and deletes nothing.
+func TestKeysForgetAfterUnannouncedPurge(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client()
+	ctx := context.Background()
+	nopub := noPublishUser(t, srv)
+	up := newUpstream(t)
+	a, _ := startProxy(t, up.URL, "REDIS_URL="+srv.URL())
+	b, _ := startProxy(t, up.URL, "REDIS_URL="+srv.URL())
+	c := newClient(t)
+	urlA := proxyURL(a, "/v1/orders")
+	urlB := proxyURL(b, "/v1/orders")
+	const key = "forget"
+	first := cachedAnswer(t, c, a, key)
+	operator := []string{"REDIS_URL=" + srv.URL()}
+	hash := strings.TrimSpace(keysOK(t, operator, "hash", key))
+	k, err := claim.ParseKeyHash(hash)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	out, errOut, code := keysRun(t, nopub, "purge", hash, "--state", "completed")
+	if code != 1 || !strings.Contains(out, `"purged":true`) || !strings.Contains(errOut, "could not announce the purge") ||
+		!strings.Contains(errOut, "REDIS_URL=") || !strings.Contains(errOut, "keys forget "+hash) {
+		t.Fatalf("purge as a user who may not publish: exit %d\nstdout %s\nstderr %s\nwant exit 1, purged:true, the failure naming REDIS_URL and keys forget", code, out, errOut)
+	}
+	if r := mustPost(t, c, urlA, key, `{}`); r.body != first.body || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("A before forget: %d %q; its cache should still replay the first answer (else this test shows nothing)", r.status, r.body)
+	}
+	second := mustPost(t, c, urlB, key, `{}`)
+	if second.status != http.StatusCreated || second.header.Get("Idempotent-Replayed") == "true" || second.body == first.body {
+		t.Fatalf("retry on B: %d %q; want a new execution, as the purge intends", second.status, second.body)
+	}
+
+	if out, errOut, code := keysRun(t, nopub, "forget", hash); code != 1 || out != "" || !strings.Contains(errOut, "REDIS_URL=") {
+		t.Errorf("forget as a user who may not publish: exit %d\nstdout %s\nstderr %s\nwant exit 1 naming REDIS_URL, nothing on stdout", code, out, errOut)
+	}
+	if out := keysOK(t, operator, "forget", hash); strings.TrimSpace(out) != `{"key_hash":"`+hash+`","announced":true}` {
+		t.Errorf("forget: %s", out)
+	}
+	if n, _ := admin.Exists(ctx, claim.RecordKey("idem:", k)).Result(); n != 1 {
+		t.Fatal("keys forget deleted the record of the second execution")
+	}
+	// A's cache dropped the first answer: A now replays the second, from
+	// Redis, and nothing executes a third time.
+	testutil.Eventually(t, 5*time.Second, "A replays the second answer", func() bool {
+		return mustPost(t, c, urlA, key, `{}`).body == second.body
+	})
+	if n := up.KeyCalls(key); n != 2 {
+		t.Errorf("upstream calls for the key: %d, want 2", n)
 	}
 }
 
-// TestKeysSentinel: get and purge through the sentinels.
-func TestKeysSentinel(t *testing.T) {
-	s := redistest.StartSentinel(t)
-	up := newFleetUpstream(t)
-	env := []string{"REDIS_MODE=sentinel", "REDIS_ADDRS=" + strings.Join(s.Addrs(), ","), "REDIS_MASTER_NAME=" + s.MasterName()}
-	p := startFleetProxy(t, up.URL, env...)
-	k := fleetKeys("sentinel", 1)[0]
-	if a := p.send(k); !fleetExecuted(a) {
-		t.Fatalf("first send: %d %v", a.status, a.err)
+// TestKeysForgetHeardByNobody: keys forget run with another KEY_PREFIX
+// than the proxies' publishes where nobody listens; Redis says 0
+// receivers, and the command says so (exit 0: the announcement was made).
+func TestKeysForgetHeardByNobody(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	startProxy(t, up.URL, "REDIS_URL="+srv.URL(), "KEY_PREFIX=orders:")
+	hash := strings.TrimSpace(keysOK(t, []string{"REDIS_URL=" + srv.URL(), "KEY_PREFIX=orders:"}, "hash", "nobody"))
+	testutil.Eventually(t, 5*time.Second, "the proxy's purge subscription", func() bool {
+		n, err := srv.Client().PubSubNumSub(context.Background(), "orders:purge").Result()
+		return err == nil && n["orders:purge"] == 1
+	})
+	out, errOut, code := keysRun(t, []string{"REDIS_URL=" + srv.URL()}, "forget", hash) // KEY_PREFIX left at its default
+	if code != 0 || !strings.Contains(out, `"announced":true`) || !strings.Contains(errOut, `no proxy is subscribed to idem:purge on this Redis: check that KEY_PREFIX="idem:"`) {
+		t.Errorf("forget under another KEY_PREFIX: exit %d\nstdout %s\nstderr %s\nwant the note that nobody listens, naming KEY_PREFIX", code, out, errOut)
 	}
-	if out := keysOK(t, env, "get", fleetKeyHash(k)); !strings.Contains(out, `"state":"completed","status":201`) {
-		t.Errorf("keys get via sentinel: %s", out)
-	}
-	if out := keysOK(t, env, "purge", fleetKeyHash(k)); !strings.Contains(out, `"purged":true`) {
-		t.Errorf("keys purge via sentinel: %s", out)
-	}
-	if a := p.send(k); !fleetExecuted(a) || up.KeyCalls(k) != 2 {
-		t.Errorf("after purge: status %d replayed=%v calls %d; want executed again", a.status, a.replayed, up.KeyCalls(k))
+	out, errOut, code = keysRun(t, []string{"REDIS_URL=" + srv.URL(), "KEY_PREFIX=orders:"}, "forget", hash)
+	if code != 0 || !strings.Contains(out, `"announced":true`) || errOut != "" {
+		t.Errorf("forget under the proxies' KEY_PREFIX: exit %d\nstdout %s\nstderr %s\nwant no note", code, out, errOut)
 	}
 }
 
-// TestKeysNeverPrintAKeyArgument: an argument of keys hash that starts
-// with "-" (a base64url key does, one time in 64) is no flag, and the error
-// says so without quoting it; so does an unknown command. The flag
-// package's own message ("flag provided but not defined: -<key>") used to
-// write the key in clear to the operator's terminal, scroll-back or CI log.
-func TestKeysNeverPrintAKeyArgument(t *testing.T) {
-	for _, args := range [][]string{
-		{"hash", "-Zq7xS3cr3tIdempotencyKey"},
-		{"hash", "--source", "header:X-Event-Id", "-Zq7xS3cr3tIdempotencyKey"},
-		{"hash", "--scope", "Authorization=Bearer t", "-Zq7xS3cr3tIdempotencyKey"},
-	} {
-		var stdout, stderr bytes.Buffer
-		err := runKeys(context.Background(), args, []string{"KEY_PREFIX=idem:"}, &stdout, &stderr)
-		if out := stdout.String() + stderr.String(); strings.Contains(out, "Zq7xS3cr3tIdempotencyKey") {
-			t.Errorf("keys %s: the key is printed in clear (err %v):\n%s", strings.Join(args, " "), err, firstLine(out))
-		}
+// TestKeysRunsWithoutTheWebhookSecrets: idemproxy keys reads the proxies'
+// environment for Redis and KEY_PREFIX (UPSTREAM_URL is not needed, the
+// contract says). An operator who runs it from a workstation or a bastion
+// with the proxies' ConfigMap (ROUTES included) has no business holding the
+// senders' signing secrets, and the command uses none of them: it must not
+// refuse to list or purge keys because a verify= variable is unset there,
+// which would push operators to copy webhook secrets onto every machine
+// they inspect Redis from.
+func TestKeysRunsWithoutTheWebhookSecrets(t *testing.T) {
+	srv := redistest.Start(t)
+	environ := []string{
+		"REDIS_URL=" + srv.URL(),
+		"ROUTES=POST /hooks/github key=github scope= verify=GITHUB_WEBHOOK_SECRET",
 	}
 	var stdout, stderr bytes.Buffer
-	_ = runKeys(context.Background(), []string{"-Zq7xS3cr3tIdempotencyKey"}, nil, &stdout, &stderr)
-	if strings.Contains(stdout.String()+stderr.String(), "Zq7xS3cr3t") {
-		t.Errorf("keys <key>: the argument is printed in clear: %s", firstLine(stderr.String()))
+	if err := runKeys(context.Background(), []string{"list"}, environ, &stdout, &stderr); err != nil {
+		t.Errorf("keys list with the proxies' ROUTES but without the webhook secret: %v\nstderr: %s", err, stderr.String())
 	}
 }

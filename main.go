@@ -284,7 +284,19 @@ func (a *app) shutdown(timeout time.Duration) error {
 	if a.adminSrv != nil {
 		_ = a.adminSrv.Shutdown(ctx)
 	}
-	a.store.close()
+	// Closing the store waits for its purge watch and Redis connections,
+	// which against a Redis that stopped answering take their own timeouts:
+	// never past SHUTDOWN_TIMEOUT.
+	closed := make(chan struct{})
+	go func() {
+		a.store.close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-ctx.Done():
+		a.logger.Warn().Msg("Redis connections still closing when SHUTDOWN_TIMEOUT ran out; leaving them")
+	}
 	if terr := a.tracing.shutdown(ctx); terr != nil {
 		a.logger.Warn().Err(terr).Msg("spans of the last requests may be lost")
 	}

@@ -1,5 +1,7 @@
 package main
 
+// Tests of probe.go: the dial to UPSTREAM_URL at start.
+
 import (
 	"context"
 	"encoding/json"

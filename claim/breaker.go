@@ -63,6 +63,8 @@ type Breaker struct {
 	probing  atomic.Bool // a probe goroutine runs
 	reported atomic.Bool // notify was last told open (false: closed, or retired)
 	stop     chan struct{}
+	ctx      context.Context // the probes' parent: Close cancels a probe under way
+	cancel   context.CancelFunc
 	once     sync.Once
 	wg       sync.WaitGroup
 	cause    atomic.Pointer[error] // why it opened, for ErrStoreDown's message
@@ -84,15 +86,21 @@ func NewBreaker(probe func(context.Context) error, every, timeout time.Duration,
 	if notify == nil {
 		notify = func(bool, error) {}
 	}
-	return &Breaker{probe: probe, every: every, timeout: timeout, notify: notify, stop: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Breaker{probe: probe, every: every, timeout: timeout, notify: notify, stop: make(chan struct{}), ctx: ctx, cancel: cancel}
 }
 
 // Open reports whether attempts are failed at once now.
 func (b *Breaker) Open() bool { return b.open.Load() }
 
-// Close stops the background probe (the guarded client is being closed).
+// Close stops the background probe, a probe under way included (the
+// guarded client is being closed: shutting down must not wait a probe's
+// timeout).
 func (b *Breaker) Close() {
-	b.once.Do(func() { close(b.stop) })
+	b.once.Do(func() {
+		b.cancel()
+		close(b.stop)
+	})
 	b.wg.Wait()
 }
 
@@ -143,12 +151,12 @@ func (b *Breaker) probeUntilUp() {
 	defer b.probing.Store(false)
 	var t *time.Ticker
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+		ctx, cancel := context.WithTimeout(b.ctx, b.timeout)
 		err := b.probe(ctx)
 		cancel()
 		switch {
-		case errors.Is(err, redis.ErrClosed):
-			return // the client is closed: nobody is waiting for it
+		case errors.Is(err, redis.ErrClosed) || b.ctx.Err() != nil:
+			return // closed: nobody is waiting for it
 		case err == nil:
 			b.open.Store(false)
 			if b.reported.CompareAndSwap(true, false) {

@@ -657,8 +657,8 @@ func ptrString(p *int64) string {
 }
 
 // TestGoMemLimitRatioValues: helm --set passes a ratio such as 0.8 as a
-// string; the chart takes it as it takes a number (review61: the schema
-// took numbers only, so only 0 and 1 got through --set).
+// string; the chart takes it as it takes a number (the schema used to take
+// numbers only, so only 0 and 1 got through --set).
 func TestGoMemLimitRatioValues(t *testing.T) {
 	for _, tc := range []struct{ args []string }{
 		{[]string{"--set", "config.goMemLimitRatio=0.8"}},

@@ -12,7 +12,8 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// Review 65 of e5c29b6 (IdemproxyReplayCacheOff): each test failed on e5c29b6.
+// The IdemproxyReplayCacheOff alert (added in e5c29b6) and the
+// prometheusRule values around it: left null, missing, or set.
 
 // TestReplayCacheOffForLeftNull: prometheusRule.replayCacheOffFor left null
 // (--set ...=null, -f with the key empty, or `helm upgrade --reuse-values` from the chart

@@ -13,9 +13,9 @@ import (
 // --reuse-values` from a chart version before they existed (Helm then
 // renders the new templates with the old chart's values, which lack the
 // keys) -- are left out of the ConfigMap, so that the proxy's defaults
-// apply, as for a configuration from before the variables. (review62: the
-// ratio rendered as "<nil>", which the proxy refuses at start: every new
-// pod of the rollout crash-looped; the buffer bound failed the render.)
+// apply, as for a configuration from before the variables. (The ratio used
+// to render as "<nil>", which the proxy refuses at start: every new pod of
+// the rollout crash-looped; the buffer bound failed the render.)
 func TestValuesLeftNull(t *testing.T) {
 	emptyKeys := filepath.Join(t.TempDir(), "values.yaml")
 	if err := os.WriteFile(emptyKeys, []byte("config:\n  goMemLimitRatio:\n  maxBufferedBytes:\n"), 0o600); err != nil {

@@ -7,8 +7,11 @@ package testutil
 
 import (
 	"bytes"
+	"flag"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -51,6 +54,18 @@ func Eventually(t testing.TB, within time.Duration, what string, cond func() boo
 			t.Fatalf("not within %v: %s", within, what)
 		}
 		time.Sleep(pollEvery)
+	}
+}
+
+// DefaultParallel lets up to n tests (at least GOMAXPROCS) of the package
+// run in parallel, unless -parallel was given. It is for a TestMain, after
+// flag.Parse, of a package whose parallel tests mostly wait (on a lock TTL,
+// a failover, a child process) rather than use the CPU.
+func DefaultParallel(n int) {
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		_ = flag.Set("test.parallel", strconv.Itoa(max(n, runtime.GOMAXPROCS(0))))
 	}
 }
 

@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package e2e
 
 // Tests of `make run` as a newcomer uses it: the Makefile, the demo
 // upstream's supervisor and idemproxy together, as real processes. Linux
@@ -50,6 +50,7 @@ func startMakeRun(t *testing.T, demoAddr string) *makeRun {
 	env = append(env, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0")
 	m := &makeRun{out: &testutil.SyncBuffer{}, done: make(chan struct{})}
 	m.cmd = exec.Command("make", "--no-print-directory", "run", "DEMO_UPSTREAM_ADDR="+demoAddr)
+	m.cmd.Dir = moduleRoot
 	m.cmd.Env = env
 	m.cmd.Stdout, m.cmd.Stderr = m.out, m.out
 	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -192,6 +193,7 @@ func assertAllGone(t *testing.T, procs []osProc) {
 // checks that make, idemproxy and the demo are all gone and that idemproxy
 // shut down gracefully (one signal, not two).
 func TestMakeRunStopsTogether(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		stop func(m *makeRun) error
@@ -254,6 +256,9 @@ func TestMakeRunStopsTogether(t *testing.T) {
 // TestMakeRunDemoPortTaken: when the demo upstream cannot bind, `make run`
 // fails with a message naming the address and DEMO_UPSTREAM_ADDR, and
 // idemproxy never starts (it would forward to whatever holds the port).
+//
+// Not parallel: its make rebuilds bin/idemproxy, which TestMakeRunStopsTogether
+// runs. Serial tests all end before the parallel ones start.
 func TestMakeRunDemoPortTaken(t *testing.T) {
 	held, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -278,7 +283,9 @@ func TestMakeRunDemoPortTaken(t *testing.T) {
 
 // TestMakeHelpNoColourInPipes: `make help` colours only a terminal.
 func TestMakeHelpNoColourInPipes(t *testing.T) {
+	t.Parallel()
 	cmd := exec.Command("make", "--no-print-directory", "help")
+	cmd.Dir = moduleRoot
 	cmd.Env = append(os.Environ(), "MAKEFLAGS=", "MAKELEVEL=")
 	out, err := cmd.CombinedOutput()
 	if err != nil {

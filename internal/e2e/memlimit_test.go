@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -18,8 +18,9 @@ import (
 // own with a 200 MiB limit, as a container runs it, and reads the limit it
 // set in its start log. It needs a cgroup it may create (root, cgroup v1's
 // memory controller, or v2 with memory delegated); elsewhere it is skipped,
-// and TestApplyMemoryLimit covers the logic with the limit stood in for.
+// and the root package's TestApplyMemoryLimit covers the logic with the limit stood in for.
 func TestBinaryInMemoryCgroup(t *testing.T) {
+	t.Parallel()
 	dir, limitFile := childMemoryCgroup(t)
 	const limit = 200 << 20
 	if err := os.WriteFile(filepath.Join(dir, limitFile), []byte(fmt.Sprint(limit)), 0o644); err != nil {
@@ -30,12 +31,8 @@ func TestBinaryInMemoryCgroup(t *testing.T) {
 	if out, err := exec.Command("/bin/sh", "-c", `echo $$ > "$1/cgroup.procs"`, "sh", dir).CombinedOutput(); err != nil {
 		t.Skipf("cannot join the test cgroup: %v %s", err, out)
 	}
-	bin := filepath.Join(t.TempDir(), "idemproxy")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
 	// The shell joins the cgroup, then becomes the proxy (same pid).
-	p := startBinaryArgs(t, []string{"/bin/sh", "-c", `echo $$ > "$1/cgroup.procs" && exec "$2"`, "sh", dir, bin},
+	p := startProc(t, []string{"/bin/sh", "-c", `echo $$ > "$1/cgroup.procs" && exec "$2"`, "sh", dir, binary},
 		"UPSTREAM_URL=http://127.0.0.1:9", "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0", "MAX_BUFFERED_BYTES=134217728")
 	want := fmt.Sprintf(`"container_memory_limit":%d,"gomemlimit":%d`, limit, int64(float64(limit)*0.9))
 	testutil.Eventually(t, 10*time.Second, "the start log", func() bool { return strings.Contains(p.stdout.String(), "idemproxy started") })
@@ -82,7 +79,7 @@ func childMemoryCgroup(t *testing.T) (dir, limitFile string) {
 		t.Skipf("cannot make a memory cgroup: %v", err)
 	}
 	t.Cleanup(func() {
-		// Empty once its processes have exited (startBinary's cleanup, which
+		// Empty once its processes have exited (startProc's cleanup, which
 		// runs first, waits for that).
 		for i := 0; i < 50; i++ {
 			if err := os.Remove(dir); err == nil || os.IsNotExist(err) {

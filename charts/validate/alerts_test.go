@@ -1,5 +1,8 @@
 package validate
 
+// Alert rules checked with promtool against series as the proxy exports them,
+// beside TestAlertRulesUnit (prometheusrule_test.go).
+
 import (
 	"bytes"
 	"fmt"
@@ -10,7 +13,26 @@ import (
 	"testing"
 )
 
-// TestReview13RedisOutagePages: Redis goes down for good at minute 10. Every pod's /readyz
+// TestAlertRulesEdgeCases runs testdata/alert_edges_test.yaml with `promtool test rules`
+// against the rules rendered from the default values, as TestAlertRulesUnit runs
+// testdata/alerts_test.yaml: IdemproxyUnknownOutcomes fires for an {outcome="unknown"}
+// series the proxy creates at its first refusal (so Prometheus first sees it at 1, not 0),
+// and IdemproxyStoreErrors stays quiet when Redis is fine and the upstream itself answers 503.
+func TestAlertRulesEdgeCases(t *testing.T) {
+	src, err := os.ReadFile("testdata/alert_edges_test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	promtool(t)
+	dir := t.TempDir()
+	writeRuleFile(t, dir, alertRules(t))
+	if err := os.WriteFile(filepath.Join(dir, "alert_edges_test.yaml"), src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Log(runPromtool(t, dir, "test", "rules", "alert_edges_test.yaml"))
+}
+
+// TestRedisOutagePages: Redis goes down for good at minute 10. Every pod's /readyz
 // fails within seconds (idemproxy_ready 1 -> 0, once), Kubernetes takes the pods out of the
 // Service, and from then on no request reaches idemproxy: the clients get the ingress's own
 // errors, which idemproxy never counts. What idemproxy did count is a short burst of
@@ -21,12 +43,12 @@ import (
 //   - IdemproxyReadinessFlapping: idemproxy_ready changed once (a flap needs two changes);
 //   - the others watch other signals.
 //
-// So a complete Redis outage, the failure the proxy exists to survive, pages nobody. The
-// test asks promtool whether every rendered alert stays quiet at minutes 20 and 30 (15 and
-// 25 minutes into the outage) and fails when they all do. Whatever alert the fix adds (e.g.
-// on idemproxy_ready == 0 for some minutes) makes promtool report a firing alert, and the
-// test pass.
-func TestReview13RedisOutagePages(t *testing.T) {
+// So, with only those alerts, a complete Redis outage, the failure the proxy exists to
+// survive, paged nobody. The test asks promtool whether every rendered alert stays quiet at
+// minutes 20 and 30 (15 and 25 minutes into the outage) and fails when they all do: an alert
+// on the outage (such as idemproxy_ready == 0 for some minutes) makes promtool report a
+// firing alert, and the test pass.
+func TestRedisOutagePages(t *testing.T) {
 	pr := alertRules(t)
 	var alerts []string
 	for _, g := range pr.Spec.Groups {

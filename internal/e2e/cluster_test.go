@@ -1,11 +1,12 @@
-package main
+package e2e
 
 // Tests against a real Redis Cluster: 3 masters with one replica each, their
 // own redis-server processes on free loopback ports (internal/redistest),
-// and the proxy through start(), as in production.
+// and the binary.
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -16,12 +17,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testutil"
 	"github.com/idemproxy/idemproxy/scripts"
 )
 
 // TestCluster runs the proxy on a 3-master Redis Cluster (one replica each)
 // with REDIS_MODE=cluster and the six nodes as seeds.
 func TestCluster(t *testing.T) {
+	t.Parallel()
 	t0 := time.Now()
 	c := redistest.StartCluster(t)
 	t.Logf("cluster of %d nodes healthy in %s", len(c.Nodes()), time.Since(t0).Round(time.Millisecond))
@@ -203,6 +206,7 @@ func TestCluster(t *testing.T) {
 // to the master that ran the script (not a random node), so every claim and
 // completion is acknowledged by that shard's replica before the answer.
 func TestClusterWaitReplicas(t *testing.T) {
+	t.Parallel()
 	c := redistest.StartCluster(t)
 	up := newFleetUpstream(t)
 	p := startFleetProxy(t, up.URL, "REDIS_MODE=cluster", "REDIS_ADDRS="+strings.Join(c.Addrs(), ","),
@@ -279,6 +283,7 @@ func TestClusterWaitReplicas(t *testing.T) {
 // promoted replica, and that key may execute once more. Keys of the killed
 // shard sent during the failover are therefore counted, not asserted.
 func TestClusterFailover(t *testing.T) {
+	t.Parallel()
 	c := redistest.StartCluster(t)
 	up := newFleetUpstream(t)
 	up.delay.Store(int64(5 * time.Millisecond))
@@ -342,7 +347,7 @@ func TestClusterFailover(t *testing.T) {
 	// /readyz checks every master: it must report the dead one (bounded
 	// poll, since go-redis notices the failure on its next use).
 	readyz := func() int {
-		resp, err := http.Get("http://" + p.app.adminAddr.String() + "/readyz")
+		resp, err := http.Get(p.adminURL(t, "/readyz"))
 		if err != nil {
 			return 0
 		}
@@ -400,6 +405,13 @@ func TestClusterFailover(t *testing.T) {
 	}
 	nowCached, _ := fleetNodeClient(t, replica).ScriptExists(ctx, clusterScriptHashes()[0]).Result()
 
+	// The dead master is no longer one the proxy talks to: it stops being
+	// counted unreachable (an alert on the gauge would otherwise page until
+	// every pod restarts, for a cluster that healed itself).
+	testutil.Eventually(t, 15*time.Second, "idemproxy_redis_unreachable back to 0 after the failover", func() bool {
+		return p.metric(t, "idemproxy_redis_unreachable") == 0
+	})
+
 	// Recorded-before keys: all replay, none executed again.
 	fleetWantReplayed(t, p, up, recorded, bodies)
 	for _, b := range load.bad {
@@ -414,7 +426,7 @@ func TestClusterFailover(t *testing.T) {
 	// flight until LOCK_TTL, after which it may execute again, as the
 	// contract allows.
 	final := load.settle(10 * time.Second)
-	notRecorded := p.log.keyHashes("not recorded")
+	notRecorded := p.keyHashes("not recorded")
 	var strict, window, lost int
 	for k, first := range load.fresh {
 		if f := final[k]; f.err != nil || f.status != http.StatusCreated {
@@ -447,6 +459,67 @@ func TestClusterFailover(t *testing.T) {
 		load.status, strict, window, lost)
 	if load.status["503"] == 0 {
 		t.Logf("note: no request got 503 during the failover")
+	}
+}
+
+// TestKeysCluster: list walks every master, purge deletes on the key's
+// master and reaches the proxy, on a 3-master Redis Cluster.
+func TestKeysCluster(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t)
+	up := newFleetUpstream(t)
+	env := []string{"REDIS_MODE=cluster", "REDIS_ADDRS=" + strings.Join(cl.Addrs(), ",")}
+	p := startFleetProxy(t, up.URL, env...)
+	keys := fleetKeys("keys", 40)
+	perMaster := map[string]int{}
+	for k, a := range p.sendAll(keys, 8) {
+		if !fleetExecuted(a) {
+			t.Fatalf("%s: status %d err %v", k, a.status, a.err)
+		}
+		perMaster[cl.NodeForKey(fleetRedisKey(k)).Addr()]++
+	}
+	if len(perMaster) != 3 {
+		t.Fatalf("records on %d masters, want 3: %v", len(perMaster), perMaster)
+	}
+	listed := map[string]bool{}
+	for line := range strings.SplitSeq(strings.TrimSpace(keysOK(t, env, "list", "--limit", "100000", "--state", "completed")), "\n") {
+		var e struct {
+			KeyHash string `json:"key_hash"`
+			Status  int    `json:"status"`
+		}
+		if err := json.Unmarshal([]byte(line), &e); err != nil || e.Status != http.StatusCreated {
+			t.Fatalf("list line %q: %v", line, err)
+		}
+		listed[e.KeyHash] = true
+	}
+	for _, k := range keys {
+		if !listed[fleetKeyHash(k)] {
+			t.Errorf("keys list lacks %s (on %s)", k, cl.NodeForKey(fleetRedisKey(k)).Addr())
+		}
+	}
+	if len(listed) != len(keys) {
+		t.Errorf("keys list: %d records, want %d", len(listed), len(keys))
+	}
+	if out := keysOK(t, env, "list", "--limit", "5"); strings.Count(out, "\n") != 5 {
+		t.Errorf("keys list --limit 5: %d lines", strings.Count(out, "\n"))
+	}
+	for _, k := range keys[:3] {
+		for range 2 { // a replay, then one from the proxy's replay cache
+			if a := p.send(k); !a.replayed {
+				t.Fatalf("%s before purge: status %d replayed=%v, want a replay", k, a.status, a.replayed)
+			}
+		}
+		if _, errOut, code := keysRun(t, env, "purge", "--state", "in_flight", fleetKeyHash(k)); code != 1 || !strings.Contains(errOut, "its record is completed") {
+			t.Fatalf("%s: purge --state in_flight of a completed key: exit %d, stderr %s", k, code, errOut)
+		}
+		keysOK(t, env, "purge", "--state", "completed", fleetKeyHash(k))
+		// The purge reaches the proxy's cache through Cluster Pub/Sub.
+		if a, _ := p.sendUntil(k, time.Second, fleetExecuted); !fleetExecuted(a) {
+			t.Errorf("%s 1s after purge: status %d replayed=%v, want executed", k, a.status, a.replayed)
+		}
+		if n := up.KeyCalls(k); n != 2 {
+			t.Errorf("%s executed %d times, want 2", k, n)
+		}
 	}
 }
 

@@ -1,16 +1,15 @@
-package main
+package e2e
 
 // Shared by the tests against real Redis topologies (cluster_test.go,
 // sentinel_test.go) and the soak (soak_test.go): an upstream that counts
-// executions per key, the proxy started in-process through start() with its
-// log kept, keyed requests and their answers, a load that runs during a
-// failover, and plain clients to single Redis nodes.
+// executions per key, the binary started with its log kept, keyed requests
+// and their answers, a load that runs during a failover, and plain clients
+// to single Redis nodes.
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -21,7 +20,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/rs/zerolog"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
@@ -57,38 +55,6 @@ func fleetNonce() string {
 	return hex.EncodeToString(b[:])
 }
 
-// fleetLog collects the proxy's JSON log lines, so a test can find what the
-// proxy said about a key (by key_hash) and show the tail when it fails.
-type fleetLog struct {
-	testutil.SyncBuffer
-}
-
-// keyHashes returns the key_hash of every line whose message contains msg.
-func (l *fleetLog) keyHashes(msg string) map[string]bool {
-	out := map[string]bool{}
-	for line := range strings.SplitSeq(l.String(), "\n") {
-		var e struct {
-			Message string `json:"message"`
-			KeyHash string `json:"key_hash"`
-		}
-		if json.Unmarshal([]byte(line), &e) == nil && e.KeyHash != "" && strings.Contains(e.Message, msg) {
-			out[e.KeyHash] = true
-		}
-	}
-	return out
-}
-
-func (l *fleetLog) tail(n int) string {
-	lines := strings.Split(strings.TrimSpace(l.String()), "\n")
-	lines = lines[max(0, len(lines)-n):]
-	for i, line := range lines {
-		if len(line) > 400 {
-			lines[i] = line[:400] + "..."
-		}
-	}
-	return strings.Join(lines, "\n")
-}
-
 // fleetKeyHash is the key_hash the proxy logs for key, sent without any
 // scope header (SCOPE_HEADERS=Authorization, absent).
 func fleetKeyHash(key string) string { return claim.NewKey([]string{""}, key).String() }
@@ -99,50 +65,38 @@ func fleetRedisKey(key string) string {
 	return "idem:{" + hex.EncodeToString(k[:]) + "}"
 }
 
-// fleetProxy is a proxy started in-process through start().
+// fleetProxy is the binary with a client sized for a load.
 type fleetProxy struct {
-	app    *app
-	url    string
-	log    *fleetLog
+	*proxy
 	client *http.Client
 }
 
-// startFleetProxy starts the proxy with the given extra environment (it
-// overrides the defaults below) and stops it when the test ends.
+// startFleetProxy starts the binary with the given extra environment (it
+// overrides the defaults below); it is killed when the test ends.
 func startFleetProxy(t *testing.T, upstream string, extra ...string) *fleetProxy {
 	t.Helper()
-	environ := append([]string{
-		"UPSTREAM_URL=" + upstream,
-		"LISTEN_ADDR=127.0.0.1:0",
-		"ADMIN_ADDR=127.0.0.1:0",
-		"LOG_LEVEL=warn",
-	}, extra...)
-	cfg, err := loadConfig(environ)
-	if err != nil {
-		t.Fatalf("loadConfig: %v", err)
-	}
-	lg := &fleetLog{}
-	a, err := start(cfg, zerolog.New(lg).Level(cfg.level).With().Timestamp().Logger())
-	if err != nil {
-		t.Fatalf("start: %v", err)
-	}
 	p := &fleetProxy{
-		app: a, url: "http://" + a.proxyAddr.String(), log: lg,
+		proxy: startProxy(t, append([]string{"UPSTREAM_URL=" + upstream, "LOG_LEVEL=warn"}, extra...)...),
 		client: &http.Client{
 			Timeout:   20 * time.Second,
 			Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 256},
 		},
 	}
-	t.Cleanup(func() {
-		if err := a.shutdown(10 * time.Second); err != nil {
-			t.Errorf("proxy shutdown: %v", err)
-		}
-		p.client.CloseIdleConnections()
-		if t.Failed() {
-			t.Logf("proxy log tail:\n%s", lg.tail(8))
-		}
-	})
+	t.Cleanup(p.client.CloseIdleConnections)
 	return p
+}
+
+// keyHashes returns the key_hash of every log line whose message contains
+// msg.
+func (p *fleetProxy) keyHashes(msg string) map[string]bool {
+	out := map[string]bool{}
+	for _, m := range p.logLines() {
+		hash, _ := m["key_hash"].(string)
+		if s, _ := m["message"].(string); hash != "" && strings.Contains(s, msg) {
+			out[hash] = true
+		}
+	}
+	return out
 }
 
 // fleetAnswer is what one keyed request got.
@@ -158,7 +112,7 @@ type fleetAnswer struct {
 func (p *fleetProxy) send(key string) fleetAnswer {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url+"/v1/orders", strings.NewReader(`{"order":"`+key+`"}`))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url("/v1/orders"), strings.NewReader(`{"order":"`+key+`"}`))
 	if err != nil {
 		return fleetAnswer{err: err}
 	}

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 // Chaos soak: three idemproxy processes (the real binary) on one real Redis,
 // a storm of keyed requests, while the test SIGKILLs and restarts proxies and
@@ -246,7 +246,8 @@ func soakDuration(t *testing.T) time.Duration {
 
 // soakLogHashes returns the key_hash of every log line (all incarnations)
 // whose message says the answer was not recorded: the recording failed, or
-// the claim expired and was taken over first.
+// the claim expired and was taken over first. A data race reported in a
+// log (the binary is built with -race when the tests are) fails t.
 func soakLogHashes(t *testing.T, paths []string) map[string]string {
 	out := map[string]string{}
 	for _, path := range paths {
@@ -262,6 +263,9 @@ func soakLogHashes(t *testing.T, paths []string) map[string]string {
 				Error   string `json:"error"`
 				KeyHash string `json:"key_hash"`
 				Time    string `json:"time"`
+			}
+			if strings.Contains(sc.Text(), "WARNING: DATA RACE") {
+				t.Errorf("the race detector found a data race in a proxy (its log %s)", path)
 			}
 			if json.Unmarshal(sc.Bytes(), &e) != nil || e.KeyHash == "" {
 				continue
@@ -293,20 +297,13 @@ func soakLogHashes(t *testing.T, paths []string) map[string]string {
 // recovery and must replay, byte for byte, the first 2xx body its clients
 // got.
 func TestSoak(t *testing.T) {
+	t.Parallel()
 	storm := soakDuration(t)
-	t0 := time.Now()
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "idemproxy")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	t.Logf("binary built in %s", time.Since(t0).Round(time.Millisecond))
 
 	srv := redistest.Start(t, "appendonly yes", "appendfsync always", "maxmemory-policy noeviction")
 	up := newSoakUpstream(t)
-	f := &soakFleet{t: t, bin: bin, dir: dir, upstream: up.URL, redis: srv.URL()}
+	f := &soakFleet{t: t, bin: binary, dir: dir, upstream: up.URL, redis: srv.URL()}
 	for i := range 3 {
 		p := &soakProc{
 			slot:     i,

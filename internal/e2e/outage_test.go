@@ -1,12 +1,9 @@
-package main
+package e2e
 
-// End-to-end tests through start(): the proxy and its admin listener as
-// production wires them, on the embedded Redis or a redis-server that the
-// test kills and restarts.
+// Redis goes away and comes back: the binary on the embedded Redis or on a
+// redis-server that the test kills and restarts on the same port.
 
 import (
-	"context"
-	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -16,7 +13,13 @@ import (
 	"github.com/idemproxy/idemproxy/internal/testutil"
 )
 
-func TestStartEndToEnd(t *testing.T) {
+// TestEndToEnd: the proxy and its admin listener as production runs them.
+// Ready with the right warning and gauge, keyed requests executed once and
+// replayed; then, on a redis-server, Redis goes away (not ready, keyed
+// requests fail closed) and comes back (the same process recovers by
+// itself).
+func TestEndToEnd(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name        string
 		realRedis   bool
@@ -28,33 +31,33 @@ func TestStartEndToEnd(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			up := newUpstream(t)
-			env := []string{"UPSTREAM_URL=" + up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0"}
+			env := []string{"UPSTREAM_URL=" + up.URL}
 			var srv *redistest.Server
 			if tt.realRedis {
 				srv = redistest.Start(t)
 				env = append(env, "REDIS_URL="+srv.URL())
 			}
-			a, logs := startEnv(t, env...)
+			p := startProxy(t, env...)
 			c := newClient(t)
-			admin := "http://" + a.adminAddr.String()
-			proxyURL := "http://" + a.proxyAddr.String() + "/v1/orders"
+			proxyURL := p.url("/v1/orders")
 
-			body := waitStatus(t, c, admin+"/readyz", http.StatusOK, 10*time.Second)
+			body := p.waitReady(t, http.StatusOK, 10*time.Second)
 			switch {
 			case tt.wantWarning == "" && strings.Contains(body, "warning"):
 				t.Errorf("/readyz body: got %q, want no warning", body)
 			case tt.wantWarning != "" && !(strings.Contains(body, "warning") && strings.Contains(body, tt.wantWarning)):
 				t.Errorf("/readyz body: got %q, want a warning about %q", body, tt.wantWarning)
 			}
-			if tt.wantWarning != "" && !strings.Contains(logs.String(), tt.wantWarning) {
-				t.Errorf("log: got %q, want a warning about %q", logs.String(), tt.wantWarning)
+			if tt.wantWarning != "" && !strings.Contains(p.logs(), tt.wantWarning) {
+				t.Errorf("log: got %q, want a warning about %q", p.logs(), tt.wantWarning)
 			}
-			if m := getBody(t, c, admin+"/metrics"); !strings.Contains(m, "\n"+tt.wantUnsafe+"\n") {
+			if m := getBody(t, c, p.adminURL(t, "/metrics")); !strings.Contains(m, "\n"+tt.wantUnsafe+"\n") {
 				t.Errorf("/metrics: want line %q; got:\n%v", tt.wantUnsafe, grepLines(m, "idemproxy_store_unsafe"))
 			}
-			if got := getStatus(t, c, admin+"/healthz"); got != http.StatusOK {
-				t.Errorf("/healthz: got %v, want %v", got, http.StatusOK)
+			if status, _, err := get(c, p.adminURL(t, "/healthz")); err != nil || status != http.StatusOK {
+				t.Errorf("/healthz: got %v %v, want %v", status, err, http.StatusOK)
 			}
 
 			first := mustPost(t, c, proxyURL, "e2e-1", `{"amount":42}`)
@@ -81,7 +84,7 @@ func TestStartEndToEnd(t *testing.T) {
 				t.Errorf("upstream calls: got %v, want 1", got)
 			}
 			const replayed = `idemproxy_requests_total{key_source="header",outcome="replayed",route="default"} 1`
-			if m := getBody(t, c, admin+"/metrics"); !strings.Contains(m, replayed+"\n") {
+			if m := getBody(t, c, p.adminURL(t, "/metrics")); !strings.Contains(m, replayed+"\n") {
 				t.Errorf("/metrics: want %q; got:\n%v", replayed, grepLines(m, "idemproxy_requests_total"))
 			}
 			if srv == nil {
@@ -90,7 +93,7 @@ func TestStartEndToEnd(t *testing.T) {
 
 			// Redis goes away: not ready, and keyed requests fail closed.
 			srv.Kill()
-			waitStatus(t, c, admin+"/readyz", http.StatusServiceUnavailable, 10*time.Second)
+			p.waitReady(t, http.StatusServiceUnavailable, 10*time.Second)
 			down := mustPost(t, c, proxyURL, "e2e-2", `{"amount":7}`)
 			if down.status != http.StatusServiceUnavailable {
 				t.Errorf("POST with Redis down: got %v, want %v", down.status, http.StatusServiceUnavailable)
@@ -105,7 +108,7 @@ func TestStartEndToEnd(t *testing.T) {
 
 			// Redis comes back: the same proxy recovers by itself.
 			srv.Restart()
-			waitStatus(t, c, admin+"/readyz", http.StatusOK, 10*time.Second)
+			p.waitReady(t, http.StatusOK, 10*time.Second)
 			var again response
 			testutil.Eventually(t, 10*time.Second, "a POST after the Redis restart executes (201, not replayed)", func() bool {
 				again = mustPost(t, c, proxyURL, "e2e-3", `{"amount":8}`)
@@ -122,72 +125,43 @@ func TestStartEndToEnd(t *testing.T) {
 	}
 }
 
-func TestStartWarnsOnEvictionPolicy(t *testing.T) {
+// TestPurgeWatchLogsAnOutageOnce: while Redis is down the lost subscription
+// is tried again and again; the log says so once (then at most once a
+// minute), not once per attempt, and once more when it is back.
+func TestPurgeWatchLogsAnOutageOnce(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := srv.Client().ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
-		t.Fatalf("CONFIG SET maxmemory-policy: %v", err)
-	}
 	up := newUpstream(t)
-	a, logs := startEnv(t, "UPSTREAM_URL="+up.URL, "LISTEN_ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0", "REDIS_URL="+srv.URL())
-	c := newClient(t)
-	admin := "http://" + a.adminAddr.String()
-	body := waitStatus(t, c, admin+"/readyz", http.StatusOK, 10*time.Second)
-	if !strings.Contains(body, "warning") || !strings.Contains(body, "allkeys-lru") {
-		t.Errorf("/readyz body: got %q, want a warning naming allkeys-lru", body)
+	p := startProxy(t, "UPSTREAM_URL="+up.URL, "REDIS_URL="+srv.URL(), "ADMIN_ADDR=")
+	srv.Kill()
+	testutil.Eventually(t, 10*time.Second, "the lost subscription is logged", func() bool {
+		return p.countLog("purge subscription failed") >= 1
+	})
+	// What is checked is an absence over time: the attempts after 1 s and
+	// 2 s (then more) fall in this window, and must log nothing more.
+	time.Sleep(3500 * time.Millisecond)
+	if n := p.countLog("purge subscription failed"); n != 1 {
+		t.Errorf("%d lines for one outage of a few seconds, want 1:\n%s", n, p.logs())
 	}
-	if m := getBody(t, c, admin+"/metrics"); !strings.Contains(m, "\nidemproxy_store_unsafe 1\n") {
-		t.Errorf("/metrics: want idemproxy_store_unsafe 1; got:\n%v", grepLines(m, "idemproxy_store_unsafe"))
-	}
-	if !strings.Contains(logs.String(), "allkeys-lru") {
-		t.Errorf("log: got %q, want a warning naming allkeys-lru", logs.String())
-	}
+	srv.Restart()
+	testutil.Eventually(t, 10*time.Second, "the confirmation is logged", func() bool {
+		return p.countLog("purge subscription confirmed") == 1
+	})
 }
 
-func getStatus(t *testing.T, c *http.Client, url string) int {
-	t.Helper()
-	status, _, err := get(c, url)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	return status
-}
-
-func getBody(t *testing.T, c *http.Client, url string) string {
-	t.Helper()
-	status, body, err := get(c, url)
-	if err != nil || status != http.StatusOK {
-		t.Fatalf("GET %s: got %v %v, want %v", url, status, err, http.StatusOK)
-	}
-	return body
-}
-
-func checkProblem(t *testing.T, r response, status int) {
-	t.Helper()
-	if got := r.header.Get("Content-Type"); got != "application/problem+json" {
-		t.Errorf("Content-Type: got %q, want application/problem+json", got)
-	}
-	var p struct {
-		Type   string `json:"type"`
-		Title  string `json:"title"`
-		Status int    `json:"status"`
-		Detail string `json:"detail"`
-	}
-	if err := json.Unmarshal([]byte(r.body), &p); err != nil {
-		t.Fatalf("problem body %q: %v", r.body, err)
-	}
-	if p.Status != status || p.Type == "" || p.Title == "" || p.Detail == "" {
-		t.Errorf("problem: got %+v, want status %v and type, title, detail set", p, status)
-	}
-}
-
-func grepLines(s, substr string) string {
-	var out []string
-	for line := range strings.Lines(s) {
-		if strings.Contains(line, substr) {
-			out = append(out, line)
-		}
-	}
-	return strings.Join(out, "")
+// TestReplayCacheOnFollowsTheSubscription: the gauge goes back to 0 when
+// a verified subscription fails (Redis gone), and to 1 once a new one is
+// verified.
+func TestReplayCacheOnFollowsTheSubscription(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	p := startProxy(t, "UPSTREAM_URL="+up.URL, "REDIS_URL="+srv.URL())
+	p.cachedAnswer(t, newClient(t), "follow")
+	srv.Kill()
+	testutil.Eventually(t, 5*time.Second, "idemproxy_replay_cache_on 0 once Redis is gone (the cache no longer answers)", func() bool {
+		return p.metric(t, "idemproxy_replay_cache_on") == 0
+	})
+	srv.Restart()
+	p.waitReplayCacheOn(t)
 }
