@@ -17,9 +17,40 @@ var (
 	flagCI       = flag.Bool("chaos.ci", false, "run only the CI slice of the matrix")
 	flagSeed     = flag.Uint64("chaos.seed", 1, "seed of every random choice")
 	flagDuration = flag.Duration("chaos.duration", 15*time.Second, "fault phase of each row")
-	flagRows     = flag.String("chaos.rows", "", "regexp: run only the rows whose name matches")
+	flagRows     = flag.String("chaos.rows", "", "run only these rows: comma-separated names (proxy-kill/expire), or regexps")
 	flagOut      = flag.String("chaos.out", "", "directory for each row's history (JSON) and matrix.md")
 )
+
+// selectRows keeps the rows that spec names: a comma-separated list whose
+// items are row names, or else regexps matched against them.
+func selectRows(rows []Row, spec string) ([]Row, error) {
+	var keep []Row
+	for _, item := range strings.Split(spec, ",") {
+		exact := false
+		for _, r := range rows {
+			if r.Name() == item {
+				keep, exact = append(keep, r), true
+			}
+		}
+		if exact {
+			continue
+		}
+		re, err := regexp.Compile(item)
+		if err != nil {
+			return nil, err
+		}
+		n := len(keep)
+		for _, r := range rows {
+			if re.MatchString(r.Name()) {
+				keep = append(keep, r)
+			}
+		}
+		if len(keep) == n {
+			return nil, fmt.Errorf("-chaos.rows: %q names no row", item)
+		}
+	}
+	return keep, nil
+}
 
 // Matrix is every row `make chaos` runs, in order.
 func Matrix() []Row {
@@ -120,17 +151,10 @@ func TestMatrix(t *testing.T) {
 		rows = CISlice()
 	}
 	if *flagRows != "" {
-		re, err := regexp.Compile(*flagRows)
-		if err != nil {
+		var err error
+		if rows, err = selectRows(rows, *flagRows); err != nil {
 			t.Fatal(err)
 		}
-		var keep []Row
-		for _, r := range rows {
-			if re.MatchString(r.Name()) {
-				keep = append(keep, r)
-			}
-		}
-		rows = keep
 	}
 	for _, r := range rows {
 		if r.Mutant && opts.MutantBin == "" {
@@ -182,6 +206,27 @@ func TestMatrix(t *testing.T) {
 	}
 	if failed {
 		t.Error("a row did not complete")
+	}
+}
+
+func TestSelectRows(t *testing.T) {
+	for _, tt := range []struct{ spec, want string }{
+		{"sentinel-failover/expire", "sentinel-failover/expire"},
+		{"proxy-kill/hold,redis-reset/expire", "proxy-kill/hold redis-reset/expire"},
+		{"^proxy-pause", "proxy-pause/expire proxy-pause/hold"},
+		{"MUTANT", "MUTANT:proxy-pause/expire"},
+	} {
+		rows, err := selectRows(Matrix(), tt.spec)
+		var names []string
+		for _, r := range rows {
+			names = append(names, r.Name())
+		}
+		if err != nil || strings.Join(names, " ") != tt.want {
+			t.Errorf("selectRows(%q) = %v, %v; want %s", tt.spec, names, err, tt.want)
+		}
+	}
+	if _, err := selectRows(Matrix(), "no-such-row"); err == nil {
+		t.Errorf("a spec naming no row should be an error")
 	}
 }
 
