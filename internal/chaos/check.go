@@ -25,7 +25,8 @@ type Report struct {
 	Silent    int
 	// TwiceRecorded is the part of Silent where two requests of one key
 	// each said they recorded its answer (outcome executed or takeover): a
-	// late completion that was not fenced off.
+	// late completion that was not fenced off, or a record that Redis lost
+	// (a failover without WAIT) before the key ran again.
 	TwiceRecorded int
 	// KnownDefect is the part of Silent of the shape of the known defect
 	// (docs/reliability.md): the key's log shows a forward released (5xx)
@@ -39,11 +40,13 @@ type Report struct {
 	// HoldSecond counts, under ON_UNKNOWN=hold, every execution beyond the
 	// first of a key, announced or not: hold promises none.
 	HoldSecond int
-	// Wrong counts answers that are not an answer the upstream gave for
-	// that key: a replay (or fresh answer) whose status or body differs
-	// from every execution of the key, an answer of another key, a 5xx
-	// replayed, a 422 (the clients never reuse a key for another request),
-	// outcome-unknown under ON_UNKNOWN=expire.
+	// Wrong counts executions of a request other than the key's (another
+	// body or Authorization than its client sent), and answers that are
+	// not an answer the upstream gave for that key: a replay (or fresh
+	// answer) whose status or body differs from every execution of the
+	// key, an answer of another key, a 5xx replayed, a 422 (the clients
+	// never reuse a key for another request), outcome-unknown under
+	// ON_UNKNOWN=expire.
 	Wrong int
 	// Changed counts keys whose replays came from two different
 	// executions: a recorded answer was replaced (lost in a failover, or
@@ -242,15 +245,27 @@ type upstreamAnswer struct {
 // executions' start times (to tell which came first), and on no timing.
 func Check(h *History) Report {
 	r := Report{Row: h.Row, Ops: len(h.Ops), Faults: len(h.Faults), Keys: len(h.Keys), Execs: len(h.Execs)}
-	hashOf := map[string]string{}
+	hashOf, keyOf := map[string]string{}, map[string]KeyInfo{}
 	for _, k := range h.Keys {
-		hashOf[k.Key] = k.Hash
+		hashOf[k.Key], keyOf[k.Key] = k.Hash, k
 	}
 	execsOf := map[string][]Execution{}
 	execByID := map[string]Execution{}
 	for _, e := range h.Execs {
 		execsOf[e.Key] = append(execsOf[e.Key], e)
 		execByID[e.ID] = e
+	}
+	for _, e := range h.Execs {
+		k, ok := keyOf[e.Key]
+		switch {
+		case !ok:
+			r.Wrong++
+			r.Findings = append(r.Findings, Finding{"wrong-request", e.Key, "", fmt.Sprintf("execution %s of a key no client sent", e.ID)})
+		case k.Body != "" && e.Request != k.Body, k.Auth != "" && e.Auth != k.Auth:
+			r.Wrong++
+			r.Findings = append(r.Findings, Finding{"wrong-request", e.Key, k.Hash,
+				fmt.Sprintf("execution %s received another request than its key's (body or Authorization differs)", e.ID)})
+		}
 	}
 	ix := indexLogs(h.Logs)
 	deficit := deficits(h, ix)
@@ -306,7 +321,7 @@ func Check(h *History) Report {
 		shape := ""
 		switch {
 		case twiceRecorded > 0:
-			shape = "; shape: recorded twice (a late completion not fenced off)"
+			shape = "; shape: recorded twice (a late completion not fenced off, or a record Redis lost)"
 		case silent > 0 && ix.failedForward[hash]:
 			shape = "; shape: known defect (a takeover whose forward was released or failed is not announced)"
 			r.KnownDefect += silent

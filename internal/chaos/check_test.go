@@ -15,7 +15,7 @@ const ms = time.Millisecond
 func key(k string) KeyInfo { return KeyInfo{Key: k, Auth: "Bearer a", Hash: "hash-" + k} }
 
 func ex(id, k string, proxy int, start time.Duration, status int) Execution {
-	return Execution{ID: id, Key: k, Proxy: proxy, Start: start, End: start + 10*ms, Status: status, Body: body(k, id, status)}
+	return Execution{ID: id, Key: k, Auth: "Bearer a", Proxy: proxy, Start: start, End: start + 10*ms, Status: status, Body: body(k, id, status)}
 }
 
 func body(k, id string, status int) string {
@@ -249,6 +249,25 @@ func TestCheckWrongAnswers(t *testing.T) {
 				t.Errorf("wrong %d, want %v: %v", r.Wrong, tt.wrong, r.Findings)
 			}
 		})
+	}
+}
+
+func TestCheckWrongRequest(t *testing.T) {
+	h := hist("expire")
+	k := key("k")
+	k.Body = `{"amount":1}`
+	h.Keys = []KeyInfo{k}
+	good, bad, stray := ex("x1", "k", 0, 100*ms, 201), ex("x2", "k", 0, 200*ms, 201), ex("y1", "j", 0, 300*ms, 201)
+	good.Request, good.Auth = k.Body, k.Auth
+	bad.Request, bad.Auth = `{"amount":2}`, k.Auth
+	h.Execs = []Execution{good, stray}
+	if r := Check(h); r.Wrong != 1 {
+		t.Errorf("an execution of a key no client sent: wrong %d, want 1", r.Wrong)
+	}
+	h.Execs = []Execution{good, bad}
+	h.Logs = []LogLine{access(0, "r", "k", "takeover", 201)}
+	if r := Check(h); r.Wrong != 1 {
+		t.Errorf("an execution with another body: wrong %d, want 1", r.Wrong)
 	}
 }
 

@@ -52,7 +52,7 @@ func TestTakeoverReleasedIsAnnounced(t *testing.T) {
 		status := answers[min(n, len(answers)-1)]
 		id := "x" + itoa6(n+1)
 		b := `{"key":"` + r.Header.Get("Idempotency-Key") + `","exec":"` + id + `"}` + "\n"
-		execs = append(execs, Execution{ID: id, Key: r.Header.Get("Idempotency-Key"), Proxy: -1, Start: time.Since(start), Status: status, Body: b})
+		execs = append(execs, Execution{ID: id, Key: r.Header.Get("Idempotency-Key"), Auth: r.Header.Get("Authorization"), Proxy: -1, Start: time.Since(start), Status: status, Body: b})
 		mu.Unlock()
 		if n == 0 {
 			entered <- struct{}{}

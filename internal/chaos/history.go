@@ -63,12 +63,14 @@ func (op Op) Definitive() bool {
 
 // Execution is one call the upstream received: its ledger entry.
 type Execution struct {
-	ID    string        `json:"id"` // unique per execution, in its answer's body and X-Exec header
-	Key   string        `json:"key"`
-	Auth  string        `json:"auth"`
-	Proxy int           `json:"proxy"` // the slot whose upstream link it came through
-	Start time.Duration `json:"start"`
-	End   time.Duration `json:"end"` // zero if the handler never finished
+	ID   string `json:"id"` // unique per execution, in its answer's body and X-Exec header
+	Key  string `json:"key"`
+	Auth string `json:"auth"`
+	// Request is the body the upstream received.
+	Request string        `json:"request"`
+	Proxy   int           `json:"proxy"` // the slot whose upstream link it came through
+	Start   time.Duration `json:"start"`
+	End     time.Duration `json:"end"` // zero if the handler never finished
 	// Status and Body are the answer it gave; Headers those it set.
 	Status  int               `json:"status"`
 	Body    string            `json:"body"`

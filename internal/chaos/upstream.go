@@ -89,7 +89,6 @@ func (u *Upstream) uniform(r [2]time.Duration) time.Duration {
 
 func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	got, _ := io.ReadAll(r.Body) // the request, whole: it executes now
-	_ = got
 	slot := -1
 	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
 		if s, ok := u.slotOf[a.String()]; ok {
@@ -119,7 +118,7 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}{key, id, status, pad})
 	body := string(b) + "\n"
 	headers := map[string]string{"Content-Type": "application/json", "X-Exec": id, "Set-Cookie": "exec=" + id}
-	u.execs = append(u.execs, Execution{ID: id, Key: key, Auth: r.Header.Get("Authorization"), Proxy: slot,
+	u.execs = append(u.execs, Execution{ID: id, Key: key, Auth: r.Header.Get("Authorization"), Request: string(got), Proxy: slot,
 		Start: time.Since(u.start), Status: status, Body: body, Headers: headers})
 	u.mu.Unlock()
 
