@@ -204,17 +204,18 @@ func indexLogs(lines []LogLine) *logIndex {
 // deficits returns, per killed incarnation, how many takeover, lost and
 // record-failure announcements its last /metrics scrape counted that no
 // log line read from it shows: lines still in its log buffer when it was
-// SIGKILLed (the access log is written every 100 ms).
+// SIGKILLed (the access log is written every 100 ms), or never written
+// because it was killed before its request ended.
 func deficits(h *History, ix *logIndex) map[int]int {
 	out := map[int]int{}
 	for i, inc := range h.Incs {
 		if inc.Ended != "kill" || inc.Metrics == nil {
 			continue
 		}
-		d := 0
-		for _, o := range []string{"takeover", "lost"} {
-			d += max(0, int(inc.Metrics["requests/"+o])-ix.seen[i][o])
-		}
+		// A takeover is counted in the histogram when it is claimed, so a
+		// taker-over killed mid-forward (no access line ever) counts too.
+		d := max(0, int(inc.Metrics["takeovers"])-ix.seen[i]["takeover"])
+		d += max(0, int(inc.Metrics["requests/lost"])-ix.seen[i]["lost"])
 		d += max(0, int(inc.Metrics["record_failures"])-ix.seenRecordFailures[i])
 		if d > 0 {
 			out[i] = d

@@ -189,13 +189,14 @@ func TestCheckHoldAnySecondExecution(t *testing.T) {
 }
 
 // A takeover whose line was still in the log buffer of a proxy killed
-// right after: its last /metrics scrape counted it. It covers an execution
-// through that incarnation only.
+// right after (or never written: killed mid-forward): its last /metrics
+// scrape counted it. It covers an execution through that incarnation
+// that left no line for its key, only.
 func TestCheckAnnouncedByMetricsOfKilledProxy(t *testing.T) {
 	h := hist("expire")
 	h.Incs = []Incarnation{
 		{Proxy: 0, Start: 0, End: 5000 * ms, Ended: "term"},
-		{Proxy: 1, Start: 0, End: 1000 * ms, Ended: "kill", Metrics: map[string]float64{"requests/takeover": 1}},
+		{Proxy: 1, Start: 0, End: 1000 * ms, Ended: "kill", Metrics: map[string]float64{"takeovers": 1}},
 		{Proxy: 1, Start: 1500 * ms, End: 5000 * ms, Ended: "term"},
 	}
 	h.Keys = []KeyInfo{key("k"), key("j")}
