@@ -254,8 +254,8 @@ func TestRemoveCompletionFenceApplies(t *testing.T) {
 	}
 }
 
-// A tiny run of the harness in the normal suite: one fault-free row with
-// two proxies and a proxy SIGKILL, a few seconds, checked clean.
+// A tiny run of the harness in the normal suite: two proxies, a proxy
+// SIGKILL or two, three seconds, checked clean.
 func TestHarnessSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts redis-server and the built binary")
@@ -268,7 +268,7 @@ func TestHarnessSmoke(t *testing.T) {
 	row := Row{Fault: "proxy-kill", Topology: "standalone", OnUnknown: "expire", Expect: "clean", Upstream: ciUpstream}
 	res := RunRow(t, row, opts)
 	t.Logf("smoke: %+v", res.Report)
-	if res.Report.Ops == 0 || res.Report.Execs == 0 || len(res.Report.Findings) > 0 && strings.HasPrefix(res.Verdict, "FAIL") {
+	if res.Report.Ops == 0 || res.Report.Execs == 0 || strings.HasPrefix(res.Verdict, "FAIL") {
 		t.Errorf("smoke run: verdict %s, report %+v\n%v", res.Verdict, res.Report, res.Report.Findings)
 	}
 	if res.Report.Faults == 0 {
