@@ -246,38 +246,36 @@ type upstreamAnswer struct {
 // executions' start times (to tell which came first), and on no timing.
 func Check(h *History) Report {
 	r := Report{Row: h.Row, Ops: len(h.Ops), Faults: len(h.Faults), Keys: len(h.Keys), Execs: len(h.Execs)}
+	// Keys are told apart by (scope, key), as the proxy does: the same key
+	// string sent with another Authorization is another key.
 	hashOf, keyOf := map[string]string{}, map[string]KeyInfo{}
 	for _, k := range h.Keys {
-		hashOf[k.Key], keyOf[k.Key] = k.Hash, k
+		hashOf[sid(k.Auth, k.Key)], keyOf[sid(k.Auth, k.Key)] = k.Hash, k
 	}
 	execsOf := map[string][]Execution{}
 	execByID := map[string]Execution{}
 	for _, e := range h.Execs {
-		execsOf[e.Key] = append(execsOf[e.Key], e)
+		execsOf[sid(e.Auth, e.Key)] = append(execsOf[sid(e.Auth, e.Key)], e)
 		execByID[e.ID] = e
 	}
 	for _, e := range h.Execs {
-		k, ok := keyOf[e.Key]
+		k, ok := keyOf[sid(e.Auth, e.Key)]
 		switch {
 		case !ok:
 			r.Wrong++
-			r.Findings = append(r.Findings, Finding{"wrong-request", e.Key, "", fmt.Sprintf("execution %s of a key no client sent", e.ID)})
-		case k.Body != "" && e.Request != k.Body, k.Auth != "" && e.Auth != k.Auth:
+			r.Findings = append(r.Findings, Finding{"wrong-request", e.Key, "", fmt.Sprintf("execution %s of a (scope, key) no client sent", e.ID)})
+		case k.Body != "" && e.Request != k.Body:
 			r.Wrong++
 			r.Findings = append(r.Findings, Finding{"wrong-request", e.Key, k.Hash,
-				fmt.Sprintf("execution %s received another request than its key's (body or Authorization differs)", e.ID)})
+				fmt.Sprintf("execution %s received another body than its key's client sent", e.ID)})
 		}
 	}
 	ix := indexLogs(h.Logs)
 	deficit := deficits(h, ix)
 
-	keys := make([]string, 0, len(execsOf))
-	for k := range execsOf {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, key := range keys {
-		all := execsOf[key]
+	keys := sortedKeys(execsOf)
+	for _, id := range keys {
+		all := execsOf[id]
 		sort.Slice(all, func(i, j int) bool { return all[i].Start < all[j].Start })
 		var eff []Execution
 		for _, e := range all {
@@ -290,7 +288,7 @@ func Check(h *History) Report {
 		if extra <= 0 {
 			continue
 		}
-		hash := hashOf[key]
+		hash, key := hashOf[id], all[0].Key
 		signals := ix.signals[hash]
 		recorded := len(ix.recorded[hash])
 		unsignalled := max(0, extra-len(signals))
@@ -358,32 +356,33 @@ func Check(h *History) Report {
 	for _, op := range h.Ops {
 		if op.Result == "" || op.End == 0 {
 			r.Unanswered++
-			r.Findings = append(r.Findings, Finding{"op-unanswered", op.Key, hashOf[op.Key],
+			r.Findings = append(r.Findings, Finding{"op-unanswered", op.Key, hashOf[sid(op.Auth, op.Key)],
 				fmt.Sprintf("attempt to proxy %d at %v never returned", op.Proxy, op.Start)})
 			continue
 		}
 		if op.Result != "answer" {
 			continue
 		}
-		if why := wrongAnswer(h, op, execsOf[op.Key], execByID); why != "" {
+		if why := wrongAnswer(h, op, execsOf[sid(op.Auth, op.Key)], execByID); why != "" {
 			r.Wrong++
-			r.Findings = append(r.Findings, Finding{"wrong-answer", op.Key, hashOf[op.Key], why})
+			r.Findings = append(r.Findings, Finding{"wrong-answer", op.Key, hashOf[sid(op.Auth, op.Key)], why})
 			continue
 		}
 		if op.Replayed && op.Problem == "" {
 			var a upstreamAnswer
 			if json.Unmarshal([]byte(op.Body), &a) == nil {
-				if replayedFrom[op.Key] == nil {
-					replayedFrom[op.Key] = map[string]bool{}
+				id := sid(op.Auth, op.Key)
+				if replayedFrom[id] == nil {
+					replayedFrom[id] = map[string]bool{}
 				}
-				replayedFrom[op.Key][a.Exec] = true
+				replayedFrom[id][a.Exec] = true
 			}
 		}
 	}
 	for _, key := range sortedKeys(replayedFrom) {
 		if n := len(replayedFrom[key]); n > 1 {
 			r.Changed++
-			r.Findings = append(r.Findings, Finding{"replay-changed", key, hashOf[key],
+			r.Findings = append(r.Findings, Finding{"replay-changed", unsid(key), hashOf[key],
 				fmt.Sprintf("replays came from %d different executions %v", n, sortedKeys(replayedFrom[key]))})
 		}
 	}
@@ -399,7 +398,7 @@ func Check(h *History) Report {
 		if !s.Resolved {
 			r.Unanswered++
 			last := lastOp[s.ID]
-			r.Findings = append(r.Findings, Finding{"request-unanswered", s.Key, hashOf[s.Key],
+			r.Findings = append(r.Findings, Finding{"request-unanswered", s.Key, hashOf[sid(s.Auth, s.Key)],
 				fmt.Sprintf("sender %d gave up without a definitive answer; last attempt: %s %d %s", s.ID, last.Result, last.Status, last.Problem)})
 			continue
 		}
@@ -446,6 +445,9 @@ func wrongAnswer(h *History, op Op, execs []Execution, byID map[string]Execution
 	if !ok || e.Key != op.Key {
 		return fmt.Sprintf("answer names execution %s, which the upstream never ran for this key", a.Exec)
 	}
+	if e.Auth != op.Auth {
+		return fmt.Sprintf("answer of execution %s, of another scope (Authorization %q), given to %q", a.Exec, e.Auth, op.Auth)
+	}
 	if e.Status != op.Status || e.Body != op.Body {
 		return fmt.Sprintf("answer %d differs from execution %s's %d (bodies equal: %v)", op.Status, e.ID, e.Status, e.Body == op.Body)
 	}
@@ -453,6 +455,16 @@ func wrongAnswer(h *History, op Op, execs []Execution, byID map[string]Execution
 		return fmt.Sprintf("5xx answer of execution %s replayed (ON_5XX=release)", e.ID)
 	}
 	return ""
+}
+
+// sid is the identity of a (scope, key): the Authorization value (the one
+// scope header) and the key.
+func sid(auth, key string) string { return auth + "\x00" + key }
+
+// unsid is the key of a sid.
+func unsid(id string) string {
+	_, key, _ := strings.Cut(id, "\x00")
+	return key
 }
 
 func sortedKeys[V any](m map[string]V) []string {

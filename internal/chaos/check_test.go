@@ -12,10 +12,10 @@ import (
 
 const ms = time.Millisecond
 
-func key(k string) KeyInfo { return KeyInfo{Key: k, Auth: "Bearer a", Hash: "hash-" + k} }
+func key(k string) KeyInfo { return KeyInfo{Key: k, Hash: "hash-" + k} }
 
 func ex(id, k string, proxy int, start time.Duration, status int) Execution {
-	return Execution{ID: id, Key: k, Auth: "Bearer a", Proxy: proxy, Start: start, End: start + 10*ms, Status: status, Body: body(k, id, status)}
+	return Execution{ID: id, Key: k, Proxy: proxy, Start: start, End: start + 10*ms, Status: status, Body: body(k, id, status)}
 }
 
 func body(k, id string, status int) string {
@@ -259,8 +259,8 @@ func TestCheckWrongRequest(t *testing.T) {
 	k.Body = `{"amount":1}`
 	h.Keys = []KeyInfo{k}
 	good, bad, stray := ex("x1", "k", 0, 100*ms, 201), ex("x2", "k", 0, 200*ms, 201), ex("y1", "j", 0, 300*ms, 201)
-	good.Request, good.Auth = k.Body, k.Auth
-	bad.Request, bad.Auth = `{"amount":2}`, k.Auth
+	good.Request = k.Body
+	bad.Request = `{"amount":2}`
 	h.Execs = []Execution{good, stray}
 	if r := Check(h); r.Wrong != 1 {
 		t.Errorf("an execution of a key no client sent: wrong %d, want 1", r.Wrong)
@@ -269,6 +269,28 @@ func TestCheckWrongRequest(t *testing.T) {
 	h.Logs = []LogLine{access(0, "r", "k", "takeover", 201)}
 	if r := Check(h); r.Wrong != 1 {
 		t.Errorf("an execution with another body: wrong %d, want 1", r.Wrong)
+	}
+}
+
+// The same key string in two scopes is two keys: two executions, no
+// duplicate; an answer of one given to the other is wrong.
+func TestCheckScopes(t *testing.T) {
+	h := hist("expire")
+	a, b := KeyInfo{Key: "k", Auth: "Bearer a", Hash: "hash-a"}, KeyInfo{Key: "k", Auth: "Bearer b", Hash: "hash-b"}
+	h.Keys = []KeyInfo{a, b}
+	ea, eb := ex("x1", "k", 0, 100*ms, 201), ex("x2", "k", 1, 100*ms, 201)
+	ea.Auth, eb.Auth = a.Auth, b.Auth
+	h.Execs = []Execution{ea, eb}
+	opA, opB := answer(1, ea, true, time.Second), answer(2, eb, true, time.Second)
+	opA.Auth, opB.Auth = a.Auth, b.Auth
+	h.Ops = []Op{opA, opB}
+	if r := Check(h); r.Announced+r.Silent+r.Wrong != 0 {
+		t.Errorf("two scopes: %+v", r)
+	}
+	opB.Body = ea.Body // scope b gets scope a's answer
+	h.Ops = []Op{opA, opB}
+	if r := Check(h); r.Wrong != 1 {
+		t.Errorf("another scope's answer: wrong %d, want 1: %v", r.Wrong, r.Findings)
 	}
 }
 

@@ -21,6 +21,7 @@ import "time"
 // Op is one HTTP attempt of a client: one request, one answer or error.
 type Op struct {
 	Key    string `json:"key"`
+	Auth   string `json:"auth"`   // the Authorization sent: the key's scope
 	Sender int    `json:"sender"` // the logical request's sender that made it
 	Proxy  int    `json:"proxy"`  // proxy slot it was sent to
 	// Start and End are offsets from the run's start; End is zero for an op
@@ -127,6 +128,7 @@ type KeyInfo struct {
 type Sender struct {
 	ID       int    `json:"id"`
 	Key      string `json:"key"`
+	Auth     string `json:"auth"`
 	Resolved bool   `json:"resolved"`
 }
 

@@ -54,10 +54,10 @@ func (r *recorder) end(i int, op Op) {
 	r.ops[i] = op
 }
 
-func (r *recorder) newSender(key string) int {
+func (r *recorder) newSender(key, auth string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.snd = append(r.snd, Sender{ID: len(r.snd), Key: key})
+	r.snd = append(r.snd, Sender{ID: len(r.snd), Key: key, Auth: auth})
 	return len(r.snd) - 1
 }
 
@@ -86,6 +86,11 @@ func runClients(w Workload, seed uint64, rec *recorder, targets func() []string,
 			auth := "Bearer client-" + strconv.Itoa(c%4) // four principals: four scopes
 			for n := 0; time.Now().Before(stopNew); n++ {
 				key := fmt.Sprintf("s%d-c%d-n%d", seed, c, n)
+				if n%8 == 7 {
+					// The same key string for the four clients of a group,
+					// each with its own principal: four scopes, four keys.
+					key = fmt.Sprintf("s%d-g%d-n%d", seed, c/4, n)
+				}
 				body := fmt.Sprintf(`{"amount":%d,"client":%d,"n":%d}`, rng.IntN(100000), c, n)
 				rec.mu.Lock()
 				rec.keys = append(rec.keys, KeyInfo{Key: key, Auth: auth, Body: body, Hash: claim.NewKey([]string{auth}, key).String()})
@@ -96,7 +101,7 @@ func runClients(w Workload, seed uint64, rec *recorder, targets func() []string,
 				}
 				var sw sync.WaitGroup
 				for s := range senders {
-					id := rec.newSender(key)
+					id := rec.newSender(key, auth)
 					srng := rand.New(rand.NewPCG(seed, uint64(c+1)<<32|uint64(n)<<1|uint64(s)))
 					sw.Add(1)
 					go func() {
@@ -127,7 +132,7 @@ func send(w Workload, hc *http.Client, rng *rand.Rand, rec *recorder, targets fu
 	for attempt := 1; attempt <= w.MaxAttempts && time.Now().Before(giveUp); attempt++ {
 		urls := targets()
 		slot := rng.IntN(len(urls)) // a load balancer's choice, per attempt
-		op := Op{Key: key, Sender: id, Proxy: slot, Start: rec.since()}
+		op := Op{Key: key, Auth: auth, Sender: id, Proxy: slot, Start: rec.since()}
 		i := rec.begin(op)
 		op = attempt1(hc, urls[slot], op, key, auth, body)
 		op.End = rec.since()
