@@ -36,7 +36,6 @@ type recorder struct {
 	keys  []KeyInfo
 	snd   []Sender
 	ops   []Op
-	open  map[int]Op // op index -> op, while in flight
 }
 
 func (r *recorder) since() time.Duration { return time.Since(r.start) }
