@@ -72,6 +72,8 @@ type Row struct {
 	// "mutant" (the checker must find silent duplicates).
 	Expect   string
 	Upstream *UpstreamProfile // nil: DefaultUpstream
+	// Stretch multiplies Options.Duration for this row (0 or 1: as is).
+	Stretch int
 }
 
 // Name identifies the row (ROWS= takes these).
@@ -135,6 +137,9 @@ func RunRow(t testing.TB, row Row, opts Options) RowResult {
 	t.Helper()
 	began := time.Now()
 	seed := rowSeed(opts.Seed, row.Name())
+	if row.Stretch > 1 {
+		opts.Duration *= time.Duration(row.Stretch)
+	}
 	x := &run{t: t, row: row, opts: opts, rng: rand.New(rand.NewPCG(seed, 0xfa17)), start: time.Now()}
 	extra := []string{"maxmemory-policy noeviction"}
 	if row.AOF {
@@ -376,7 +381,7 @@ func (x *run) inject(stopNew time.Time) {
 			}
 		case "proxy-pause":
 			slot := x.rng.IntN(n)
-			d := x.uniform(lock+1500*time.Millisecond, lock+3*time.Second)
+			d := x.uniform(lock+2500*time.Millisecond, lock+4500*time.Millisecond)
 			x.note("proxy SIGSTOP past LOCK_TTL", fmt.Sprintf("proxy %d pid %d", slot, x.fleet.Pid(slot)), d)
 			x.fleet.Pause(slot)
 			time.Sleep(d) // not cut short: the pause must outlast the lock
