@@ -113,9 +113,19 @@ func CISlice() []Row {
 
 var (
 	buildOnce sync.Once
+	buildDir  string
 	built     string
 	buildErr  error
 )
+
+// TestMain removes the binary the tests built, once they are done.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		_ = os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
 
 // binary builds the idemproxy binary of this module once per test binary.
 func binary(t testing.TB) string {
@@ -126,12 +136,10 @@ func binary(t testing.TB) string {
 			buildErr = err
 			return
 		}
-		dir, err := os.MkdirTemp("", "idemproxy-chaos-bin-")
-		if err != nil {
-			buildErr = err
+		if buildDir, buildErr = os.MkdirTemp("", "idemproxy-chaos-bin-"); buildErr != nil {
 			return
 		}
-		built, buildErr = buildBinary(root, filepath.Join(dir, "idemproxy"))
+		built, buildErr = buildBinary(root, filepath.Join(buildDir, "idemproxy"))
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
