@@ -82,6 +82,23 @@ lint: ## gofmt, go vet and go mod tidy must leave nothing to change
 	$(GO) vet ./...
 	$(GO) mod tidy -diff
 
+# make chaos: every random choice of a run comes from SEED; DURATION is each
+# row's fault phase; ROWS (row names, comma-separated, or regexps) runs only those;
+# CHAOS_OUT keeps each row's history (JSON) and matrix.md.
+SEED      ?= 1
+DURATION  ?= 15s
+ROWS      ?=
+CHAOS_OUT ?=
+
+.PHONY: chaos
+chaos: deps ## Run the chaos matrix, faults x configurations (~10 min; docs/reliability.md). SEED, DURATION, ROWS, CHAOS_OUT
+	$(GO) test -count=1 -v -timeout 40m -run '^TestMatrix$$' ./internal/chaos \
+		-chaos.matrix -chaos.seed=$(SEED) -chaos.duration=$(DURATION) -chaos.rows='$(ROWS)' -chaos.out='$(CHAOS_OUT)'
+
+.PHONY: chaos-ci
+chaos-ci: deps ## The chaos matrix's CI slice: four rows, fixed seed, ~90 s; fails on a silent duplicate, wrong replay or lost answer
+	$(GO) test -count=1 -v -timeout 5m -run '^TestMatrix$$' ./internal/chaos -chaos.ci -chaos.seed=7 -chaos.duration=10s
+
 .PHONY: bench
 bench: ## Benchmark against a bare httputil.ReverseProxy, real Redis (~6 min; docs/performance.md). BENCH_FLAGS=-quick for a smoke test
 	scripts/bench.sh $(BENCH_FLAGS)
