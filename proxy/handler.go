@@ -486,7 +486,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.replay(w, rec, &res)
 	case err == nil:
 		if lease.TakenOver {
+			// Said whatever this request's own outcome: if the claim it
+			// takes over had reached the upstream, the key executes again
+			// here, and a takeover whose forward is then released (5xx) or
+			// fails must not leave that unannounced.
 			h.metrics.takeoverAge.Observe(lease.TakeoverAge.Seconds())
+			res.warn().Hex("key_hash", res.key[:]).Dur("claim_age", lease.TakeoverAge).
+				Msg("took over an in-flight claim whose lock had expired (its proxy stopped, or its outcome was unknown): if that request reached the upstream, this key executes again")
 		}
 		h.execute(w, r, body, lease, pol, &res)
 	default:

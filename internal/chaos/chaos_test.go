@@ -87,10 +87,9 @@ func Matrix() []Row {
 	return append(rows, mutant)
 }
 
-// ciUpstream is DefaultUpstream without 5xx answers: a takeover answered
-// 5xx loses its announcement (see docs/reliability.md, known defects),
-// which the CI slice must not flake on until it is fixed.
-var ciUpstream = func() *UpstreamProfile { p := DefaultUpstream; p.Fail5xx = 0; return &p }()
+// ciUpstream is DefaultUpstream, 5xx answers included: a takeover whose
+// forward is answered 5xx must be announced too.
+var ciUpstream = func() *UpstreamProfile { p := DefaultUpstream; return &p }()
 
 // ciPauseUpstream is PauseUpstream without 5xx answers.
 var ciPauseUpstream = func() *UpstreamProfile { p := PauseUpstream; p.Fail5xx = 0; return &p }()

@@ -28,11 +28,11 @@ type Report struct {
 	// late completion that was not fenced off, or a record that Redis lost
 	// (a failover without WAIT) before the key ran again.
 	TwiceRecorded int
-	// KnownDefect is the part of Silent of the shape of the known defect
+	// UnannouncedTakeover is the part of Silent of the shape of the known defect
 	// (docs/reliability.md): the key's log shows a forward released (5xx)
 	// or failed (upstream_error) and no takeover for a later execution — a
 	// takeover whose own forward did not record loses its announcement.
-	KnownDefect int
+	UnannouncedTakeover int
 	// ByMetrics is the part of Announced known only from a killed proxy's
 	// last /metrics scrape: its access-log line was still in the proxy's
 	// log buffer when it was killed.
@@ -179,6 +179,8 @@ func indexLogs(lines []LogLine) *logIndex {
 		}
 		m := l.Message
 		switch {
+		case strings.Contains(m, "took over an in-flight claim"):
+			signal(l.KeyHash, req, sigTakeover)
 		case strings.Contains(m, "taken over before"):
 			signal(l.KeyHash, req, sigLost)
 		case strings.Contains(m, "not recorded"):
@@ -322,8 +324,8 @@ func Check(h *History) Report {
 		case twiceRecorded > 0:
 			shape = "; shape: recorded twice (a late completion not fenced off, or a record Redis lost)"
 		case silent > 0 && ix.failedForward[hash]:
-			shape = "; shape: known defect (a takeover whose forward was released or failed is not announced)"
-			r.KnownDefect += silent
+			shape = "; shape: a takeover whose forward was released or failed, not announced"
+			r.UnannouncedTakeover += silent
 		}
 		r.Announced += extra - silent
 		r.ByMetrics += min(byMetrics, extra-silent)

@@ -145,8 +145,8 @@ func TestCheckTwiceRecordedIsSilent(t *testing.T) {
 	h.Execs = []Execution{ex("x1", "k", 0, 100*ms, 201), ex("x2", "k", 1, 3300*ms, 201)}
 	h.Logs = []LogLine{access(1, "r2", "k", "takeover", 201), access(0, "r1", "k", "executed", 201)}
 	r := Check(h)
-	if r.Silent != 1 || r.Announced != 0 || r.TwiceRecorded != 1 || r.KnownDefect != 0 {
-		t.Errorf("silent %d announced %d twice-recorded %d known %d, want 1 0 1 0", r.Silent, r.Announced, r.TwiceRecorded, r.KnownDefect)
+	if r.Silent != 1 || r.Announced != 0 || r.TwiceRecorded != 1 || r.UnannouncedTakeover != 0 {
+		t.Errorf("silent %d announced %d twice-recorded %d unannounced takeover %d, want 1 0 1 0", r.Silent, r.Announced, r.TwiceRecorded, r.UnannouncedTakeover)
 	}
 	// The same with the fence in place: lost, announced.
 	h.Logs = []LogLine{access(1, "r2", "k", "takeover", 201), access(0, "r1", "k", "lost", 201)}
@@ -162,17 +162,17 @@ func TestCheckTwiceRecordedIsSilent(t *testing.T) {
 	}
 }
 
-// The known defect's shape: the taker-over's forward was answered 5xx and
+// The shape of a takeover without its announcement: the taker-over's forward was answered 5xx and
 // released (or failed), so no takeover line; the next request executed
 // afresh.
-func TestCheckKnownDefectShape(t *testing.T) {
+func TestCheckUnannouncedTakeoverShape(t *testing.T) {
 	h := hist("expire")
 	h.Keys = []KeyInfo{key("k")}
 	h.Execs = []Execution{ex("x1", "k", 0, 100*ms, 201), ex("x2", "k", 1, 3300*ms, 503), ex("x3", "k", 1, 4500*ms, 201)}
 	h.Logs = []LogLine{access(1, "r2", "k", "released", 503), access(1, "r3", "k", "executed", 201)}
 	r := Check(h)
-	if r.Silent != 1 || r.KnownDefect != 1 || r.TwiceRecorded != 0 {
-		t.Errorf("silent %d known %d twice-recorded %d, want 1 1 0", r.Silent, r.KnownDefect, r.TwiceRecorded)
+	if r.Silent != 1 || r.UnannouncedTakeover != 1 || r.TwiceRecorded != 0 {
+		t.Errorf("silent %d unannounced takeover %d twice-recorded %d, want 1 1 0", r.Silent, r.UnannouncedTakeover, r.TwiceRecorded)
 	}
 }
 

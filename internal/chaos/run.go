@@ -239,8 +239,8 @@ func Verdict(row Row, r Report) string {
 	case "clean":
 		if r.Silent > 0 {
 			s := fmt.Sprintf("%d silent duplicates", r.Silent)
-			if r.KnownDefect > 0 {
-				s += fmt.Sprintf(" (%d of the known defect's shape)", r.KnownDefect)
+			if r.UnannouncedTakeover > 0 {
+				s += fmt.Sprintf(" (%d of them a takeover whose forward failed)", r.UnannouncedTakeover)
 			}
 			bad = append(bad, s)
 		}
@@ -473,8 +473,8 @@ func FormatMatrix(results []RowResult) string {
 			ann += fmt.Sprintf(" (%d by metrics)", p.ByMetrics)
 		}
 		sil := strconv.Itoa(p.Silent)
-		if p.KnownDefect > 0 {
-			sil += fmt.Sprintf(" (%d known defect)", p.KnownDefect)
+		if p.UnannouncedTakeover > 0 {
+			sil += fmt.Sprintf(" (%d takeover whose forward failed)", p.UnannouncedTakeover)
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %d | %d | %d | %d (%d) | %s | %s | %d | %d | %d | %d | %s |\n",
 			r.Row.Name(), r.Row.Topology, r.Row.Persistence(), p.Ops, p.Faults, p.Keys, p.Execs, p.Effective,

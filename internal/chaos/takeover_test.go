@@ -4,7 +4,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -24,17 +23,9 @@ import (
 // which carries no key, counted it. The chaos matrix finds this in its
 // proxy-kill and upstream-* rows (silent duplicates).
 //
-// A known product defect, found by the chaos matrix; this test fails until
-// it is fixed, so it runs only with CHAOS_KNOWN_DEFECTS=1 (the normal suite
-// and CI stay green meanwhile). Proposed fix: in proxy/handler.go, where
-// lease.TakenOver is observed, log a warning with key_hash and the claim's
-// age ("took over an expired claim: this key may execute twice") whatever
-// the request's final outcome; or keep outcome=takeover in the access log
-// when a takeover's forward is released.
+// The chaos matrix found this: the takeover is now logged with its
+// key_hash whatever the request's final outcome.
 func TestTakeoverReleasedIsAnnounced(t *testing.T) {
-	if os.Getenv("CHAOS_KNOWN_DEFECTS") == "" {
-		t.Skip("known defect (docs/reliability.md): set CHAOS_KNOWN_DEFECTS=1 to run")
-	}
 	bin := binary(t)
 	srv := redistest.Start(t, "maxmemory-policy noeviction")
 	start := time.Now()
