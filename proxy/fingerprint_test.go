@@ -19,9 +19,10 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/idemproxy/idemproxy/claim"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
+
+	"github.com/idemproxy/idemproxy/claim"
 )
 
 // TestFingerprintAcrossSizes: a body hashed beside the fields and one hashed
