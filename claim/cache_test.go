@@ -2,6 +2,7 @@ package claim
 
 import (
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -91,4 +92,149 @@ func TestReplayCachePutAfterPurgeDropped(t *testing.T) {
 			t.Errorf("%s: a put of the current generation is not cached", name)
 		}
 	}
+}
+
+// TestReplayCacheQueueDoesNotLeak: a small working set of hot keys, replayed again
+// and again. Each entry expires after maxAge (1 min in production), is removed
+// by get, and is put again on the next Redis replay. The removal leaves the
+// old queue slot (which still points at the old entry and its record) in the
+// queue; the queue is only drained by eviction, which never runs while the
+// live size stays below maxBytes. Memory grows without bound although the
+// accounted size stays constant.
+func TestReplayCacheQueueDoesNotLeak(t *testing.T) {
+	c := newReplayCache(16<<20, time.Millisecond) // production: 16 MiB, 1 min
+	var fp Fingerprint
+	keys := make([]Key, 100)
+	for i := range keys {
+		keys[i] = NewKey(nil, fmt.Sprint("hot", i))
+	}
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	const rounds = 200 // = 200 minutes of production traffic on 100 hot keys
+	for range rounds {
+		for _, k := range keys {
+			if _, _, _, ok := c.get(k); !ok { // expired: removed, then re-put from Redis
+				c.put(k, fp, &Record{Status: 200, Body: make([]byte, 10<<10)}, 0, time.Now().Add(time.Hour), c.generation())
+			}
+		}
+		time.Sleep(2 * time.Millisecond) // let every entry pass maxAge
+	}
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	grown := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("accounted size %d bytes, live entries %d, queue length %d (head %d), heap grew %d MiB",
+		c.size, len(c.m), len(c.queue), c.head, grown>>20)
+	if len(c.queue)-c.head > 2*len(c.m)+1024 || grown > 4*int64(c.maxBytes) {
+		t.Errorf("UNBOUNDED: %d queue slots for %d live entries; heap +%d MiB for a %d MiB cache",
+			len(c.queue)-c.head, len(c.m), grown>>20, c.maxBytes>>20)
+	}
+}
+
+// The replay cache bounds itself with recordSize, which counts the encoded
+// record, the body and the headers, but not Record.Trace: with tracing on,
+// every cached replay holds 49 more bytes (plus a string header) than
+// REPLAY_CACHE_BYTES accounts for.
+func TestReview13RecordSizeCountsTrace(t *testing.T) {
+	const tr = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
+	plain := recordSize(&Record{Status: 201, Body: []byte(`{}`)}, 16)
+	traced := recordSize(&Record{Status: 201, Body: []byte(`{}`), Trace: tr}, 16)
+	if traced < plain+len(tr) {
+		t.Errorf("recordSize with a Trace: got %d, want at least %d (%d without, plus the %d-byte trace)", traced, plain+len(tr), plain, len(tr))
+	}
+}
+
+// TestReview83HeldRecordsStayCounted (review 83): a record the cache gave
+// out to replay is written without being counted in MAX_BUFFERED_BYTES, to
+// a client that may read slowly. Evicted while a replay still writes it,
+// it was counted nowhere; so it stays counted in the cache's size until
+// its last Release, and the cache keeps within maxBytes with it.
+func TestReview83HeldRecordsStayCounted(t *testing.T) {
+	var fp Fingerprint
+	far := time.Now().Add(time.Hour)
+	one := recordSize(&Record{Status: 200, Body: make([]byte, 800)}, 0)
+	c := newReplayCache(8*one, time.Hour)
+	newRec := func() *Record { return &Record{Status: 200, Body: make([]byte, 800)} }
+	check := func(when string) {
+		t.Helper()
+		if c.size > c.maxBytes || c.held > c.size || c.held < 0 {
+			t.Fatalf("%s: size %d, held %d, limit %d", when, c.size, c.held, c.maxBytes)
+		}
+	}
+
+	// A replay that read the record from Redis and cached it holds it.
+	a := newRec()
+	c.putHeld(NewKey(nil, "a"), fp, a, 0, far, c.generation())
+	if !a.Cached || c.held != one {
+		t.Fatalf("putHeld: Cached %v, held %d, want %d", a.Cached, c.held, one)
+	}
+	// Three more replays of it from the cache.
+	for range 3 {
+		if _, r, _, ok := c.getHeld(NewKey(nil, "a")); !ok || r != a {
+			t.Fatal("getHeld missed a")
+		}
+	}
+	// Eight newer records evict it while its four replays are unfinished.
+	for i := range 8 {
+		c.put(NewKey(nil, fmt.Sprint("fill", i)), fp, newRec(), 0, far, c.generation())
+		check(fmt.Sprint("fill ", i))
+	}
+	if _, _, _, ok := c.get(NewKey(nil, "a")); ok {
+		t.Fatal("a still cached after eight newer records in a cache of eight")
+	}
+	if c.held != one || len(c.m) != 7 {
+		t.Fatalf("a evicted while held: held %d (want %d), %d entries (want 7: a's bytes still counted)", c.held, one, len(c.m))
+	}
+	for i := range 4 {
+		a.Release()
+		want := one
+		if i == 3 {
+			want = 0
+		}
+		if c.held != want {
+			t.Fatalf("after %d releases: held %d, want %d", i+1, c.held, want)
+		}
+	}
+	if c.size != 7*one {
+		t.Fatalf("after the last release: size %d, want %d", c.size, 7*one)
+	}
+	a.Release() // one too many: nothing happens
+	check("a released once more")
+
+	// While held records fill the bound, nothing more is cached: the
+	// caller counts what it reads itself (Cached false).
+	c2 := newReplayCache(8*one, time.Hour)
+	var held []*Record
+	for i := range 8 {
+		r := newRec()
+		c2.putHeld(NewKey(nil, fmt.Sprint("h", i)), fp, r, 0, far, c2.generation())
+		held = append(held, r)
+	}
+	late := newRec()
+	c2.putHeld(NewKey(nil, "late"), fp, late, 0, far, c2.generation())
+	if late.Cached || c2.size > c2.maxBytes {
+		t.Fatalf("a record cached past held records filling the bound: Cached %v, size %d of %d", late.Cached, c2.size, c2.maxBytes)
+	}
+	held[0].Release()
+	again := newRec()
+	c2.putHeld(NewKey(nil, "again"), fp, again, 0, far, c2.generation())
+	if !again.Cached || c2.size > c2.maxBytes {
+		t.Fatalf("no room made by a release: Cached %v, size %d of %d", again.Cached, c2.size, c2.maxBytes)
+	}
+
+	// A purge (clear) of held records keeps them counted until released.
+	c2.setOff(false)
+	if c2.size != 8*one || len(c2.m) != 0 {
+		t.Fatalf("after a clear: size %d (want %d, all still held), %d entries", c2.size, 8*one, len(c2.m))
+	}
+	for _, r := range append(held[1:], again) {
+		r.Release()
+	}
+	if c2.size != 0 || c2.held != 0 {
+		t.Fatalf("all released: size %d, held %d", c2.size, c2.held)
+	}
+	var none *Record
+	none.Release()        // a nil record
+	(&Record{}).Release() // one never cached
 }

@@ -2,6 +2,8 @@ package claim
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"time"
 )
 
@@ -17,4 +19,17 @@ func PurgeProbeEvery() time.Duration { return purgeProbeEvery }
 // refused completion need not wait out CompleteBudget.
 func (l *Lease) CompleteOnce(ctx context.Context, rec *Record, ttl time.Duration) error {
 	return l.completeOnce(ctx, rec.Encode(), ttl, "c", "")
+}
+
+// CLAIM_TEST_RECORD_FORMAT=string runs this package's tests with every
+// Store writing string records (RECORD_FORMAT=string); `make test` runs the
+// package once each way.
+func init() {
+	switch f := os.Getenv("CLAIM_TEST_RECORD_FORMAT"); f {
+	case "", "hash":
+	case "string":
+		defaultFormat = "s"
+	default:
+		panic(fmt.Sprintf("CLAIM_TEST_RECORD_FORMAT=%q: want hash or string", f))
+	}
 }
