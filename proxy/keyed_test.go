@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"mime"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -435,5 +436,52 @@ func TestAnswerBrokenMidBodyIsLoggedWithItsRequest(t *testing.T) {
 				t.Errorf("no line says the answer broke off:\n%s", e.logs)
 			}
 		})
+	}
+}
+
+// isEventStream decides whether a keyed answer streams (recorded without
+// its body); its allocation-free pre-check must agree with the media type.
+func TestIsEventStream(t *testing.T) {
+	for ct, want := range map[string]bool{
+		"text/event-stream":                  true,
+		"Text/Event-Stream":                  true,
+		"text/event-stream; charset=utf-8":   true,
+		"  text/event-stream":                true,
+		"\ttext/event-stream ;charset=utf-8": true,
+		"text/event-streamx":                 false,
+		"text/event-strea":                   false,
+		"application/json":                   false,
+		"":                                   false,
+		"text/event-stream;;":                false, // malformed: not parsed as one
+	} {
+		if got := proxy.IsEventStream(ct); got != want {
+			t.Errorf("isEventStream(%q) = %v, want %v", ct, got, want)
+		}
+	}
+}
+
+// TestReview14bIsEventStreamAgreesWithParseMediaType: dccc30a's pre-check
+// ("ParseMediaType trims only spaces before the type") trims only spaces
+// and tabs, but mime.ParseMediaType trims with strings.TrimSpace: U+00A0
+// and U+0085 too (and \v, \f, which net/http's client already refuses in
+// a response header; NBSP and NEL, as UTF-8 obs-text, reach the proxy).
+// For an upstream Content-Type beginning with one of those, isEventStream
+// no longer agrees with the media type that httputil.ReverseProxy itself
+// uses to stream the answer (flushInterval -1): the answer is streamed as
+// an event stream yet buffered and recorded, where before dccc30a it was
+// recorded without its body. The test of dccc30a states the contract:
+// "its allocation-free pre-check must agree with the media type".
+func TestReview14bIsEventStreamAgreesWithParseMediaType(t *testing.T) {
+	for _, ct := range []string{
+		"text/event-stream",
+		" \ttext/event-stream; charset=utf-8",
+		"\u00a0text/event-stream",
+		"\u0085text/event-stream",
+	} {
+		mt, _, err := mime.ParseMediaType(ct)
+		want := err == nil && mt == "text/event-stream" // ReverseProxy's test, and isEventStream's before dccc30a
+		if got := proxy.IsEventStream(ct); got != want {
+			t.Errorf("isEventStream(%q) = %v; mime.ParseMediaType says %q (%v): want %v", ct, got, mt, err, want)
+		}
 	}
 }
