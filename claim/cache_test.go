@@ -136,7 +136,7 @@ func TestReplayCacheQueueDoesNotLeak(t *testing.T) {
 // record, the body and the headers, but not Record.Trace: with tracing on,
 // every cached replay holds 49 more bytes (plus a string header) than
 // REPLAY_CACHE_BYTES accounts for.
-func TestReview13RecordSizeCountsTrace(t *testing.T) {
+func TestRecordSizeCountsTrace(t *testing.T) {
 	const tr = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
 	plain := recordSize(&Record{Status: 201, Body: []byte(`{}`)}, 16)
 	traced := recordSize(&Record{Status: 201, Body: []byte(`{}`), Trace: tr}, 16)
@@ -145,12 +145,12 @@ func TestReview13RecordSizeCountsTrace(t *testing.T) {
 	}
 }
 
-// TestReview83HeldRecordsStayCounted (review 83): a record the cache gave
+// TestReplayCacheHeldRecordsStayCounted: a record the cache gave
 // out to replay is written without being counted in MAX_BUFFERED_BYTES, to
 // a client that may read slowly. Evicted while a replay still writes it,
 // it was counted nowhere; so it stays counted in the cache's size until
 // its last Release, and the cache keeps within maxBytes with it.
-func TestReview83HeldRecordsStayCounted(t *testing.T) {
+func TestReplayCacheHeldRecordsStayCounted(t *testing.T) {
 	var fp Fingerprint
 	far := time.Now().Add(time.Hour)
 	one := recordSize(&Record{Status: 200, Body: make([]byte, 800)}, 0)

@@ -696,7 +696,7 @@ func TestHoldLockExpired(t *testing.T) {
 			if status, entered := unknownStatus(t)(s.Acquire(ctx, key, fp("A"), terms)); status != 504 || !entered {
 				t.Errorf("first request after the lock expired: status %d entered %v, want 504 true", status, entered)
 			}
-			// Unknown for the key's TTL: asked of Redis, which no stall blurs (review64).
+			// Unknown for the key's TTL: asked of Redis, which no stall blurs.
 			if pttl, err := be.rdb.PTTL(ctx, claim.RecordKey("test:", key)).Result(); err != nil || pttl < terms.TTL/2 {
 				t.Errorf("the unknown record expires in %v (%v; TTL %v, lock TTL %v): once it does, a retry executes the key again", pttl, err, terms.TTL, terms.LockTTL)
 			}

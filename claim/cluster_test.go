@@ -17,7 +17,7 @@ import (
 	"github.com/idemproxy/idemproxy/scripts"
 )
 
-// TestReview71LargeCompletionDuringSlotMigration: while a Redis Cluster
+// TestLargeCompletionDuringSlotMigration: while a Redis Cluster
 // slot is being migrated (redis-cli --cluster reshard/rebalance: the source
 // MIGRATING, the target IMPORTING, keys moved by MIGRATE), a command whose
 // keys are only partly on the node is refused with TRYAGAIN, on the source
@@ -27,7 +27,7 @@ import (
 // was refused for as long as its slot migrated. It is now written in the
 // record key itself, and served as a small one is; so is the claim of a
 // retry.
-func TestReview71LargeCompletionDuringSlotMigration(t *testing.T) {
+func TestLargeCompletionDuringSlotMigration(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRedirects: 1})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -94,14 +94,14 @@ func migratingSlot(t *testing.T, cl *redistest.Cluster, key string) (src, dst *r
 	return src, dst, slot
 }
 
-// TestReview72LargeCompletionAfterKeyMigrated: review71's test completes
+// TestLargeCompletionAfterKeyMigrated: TestLargeCompletionDuringSlotMigration completes
 // while the slot is MIGRATING but the key is still on the source. Here the
 // key has been MIGRATEd already: the source answers ASK, and the script
 // runs on the IMPORTING target after ASKING, where BITOP's two keys (the
 // same one) are both present. Also the hash path (a hash replica held the
 // claim) on either side, and what the master's replica keeps (effects
 // replication runs BITOP there too).
-func TestReview72LargeCompletionAfterKeyMigrated(t *testing.T) {
+func TestLargeCompletionAfterKeyMigrated(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRedirects: 2})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -141,13 +141,13 @@ func TestReview72LargeCompletionAfterKeyMigrated(t *testing.T) {
 				if err := l.CompleteOnce(ctx, rec, time.Hour); err != nil {
 					t.Fatalf("completion (%s): %v", name, err)
 				}
-				raw, ttl, mu := review72ReadAsking(t, holder, key, "ASKING")
+				raw, ttl, mu := readAsking(t, holder, key, "ASKING")
 				if prior == "hashheld" {
 					if !bytes.Equal(raw, rec.Encode()) {
 						t.Errorf("the hash record's answer differs from the completion's")
 					}
 				} else {
-					review72CheckString(t, raw, rec.Encode(), "c", "")
+					checkStringRecord(t, raw, rec.Encode(), "c", "")
 				}
 				if ttl < 59*time.Minute {
 					t.Errorf("TTL %v", ttl)
@@ -159,7 +159,7 @@ func TestReview72LargeCompletionAfterKeyMigrated(t *testing.T) {
 				// answers MOVED even to READONLY, so only the source's is read.)
 				if r := cl.ReplicaOf(holder); r != nil && !moved {
 					redistest.WaitReplicated(t, holder, r, 10*time.Second)
-					rraw, rttl, rmu := review72ReadAsking(t, r, key, "READONLY")
+					rraw, rttl, rmu := readAsking(t, r, key, "READONLY")
 					if !bytes.Equal(rraw, raw) {
 						t.Errorf("replica's record differs")
 					}
@@ -176,10 +176,10 @@ func TestReview72LargeCompletionAfterKeyMigrated(t *testing.T) {
 	}
 }
 
-// review72ReadAsking reads key's value, PTTL and MEMORY USAGE on node n,
+// readAsking reads key's value, PTTL and MEMORY USAGE on node n,
 // each command after flag (ASKING for an importing node, READONLY for a
 // replica).
-func review72ReadAsking(t *testing.T, n *redistest.Server, key, flag string) ([]byte, time.Duration, int64) {
+func readAsking(t *testing.T, n *redistest.Server, key, flag string) ([]byte, time.Duration, int64) {
 	t.Helper()
 	c := n.Client()
 	defer c.Close()
@@ -209,8 +209,7 @@ func review72ReadAsking(t *testing.T, n *redistest.Server, key, flag string) ([]
 
 // TestStringDuplicateCommands: with RECORD_FORMAT=string the claim writes
 // first (TIME, SET NX PX), so a duplicate that reaches Redis runs those two
-// before it reads the record (README "Record format", found by review 75:
-// the README said one command more than before 2026-12-01; a replay runs 4
+// before it reads the record (README "Record format": the README once said one command more than before 2026-12-01; a replay runs 4
 // where MGET and PTTL were 2). Counted with INFO commandstats.
 func TestStringDuplicateCommands(t *testing.T) {
 	checkDuplicateCommands(t, "s", func(rdb *redis.Client, key, st string, now int64) {
@@ -266,7 +265,7 @@ func checkDuplicateCommands(t *testing.T, form string, write func(rdb *redis.Cli
 	}
 }
 
-// TestPurgeDuringSlotMigration (review 75): while Redis Cluster migrates a
+// TestPurgeDuringSlotMigration: while Redis Cluster migrates a
 // slot, a command naming a key that is not there is refused (TRYAGAIN).
 // Purge and PurgeIf named the record and the pre-2026-11-23 claim mark,
 // which is never there, in one DEL (and one WATCH): the operator's way out

@@ -355,7 +355,7 @@ func TestRecordFormsLargeAnswer(t *testing.T) {
 	}
 }
 
-// TestReview14gLongTraceRecordedInBothForms: the string codec keeps each
+// TestLongTraceRecordedInBothForms: the string codec keeps each
 // field but rec behind one length byte (string.char(#s) in enc), so a field
 // of 256 bytes or more makes the script fail. Record.Trace is a free string
 // of the public API (the proxy writes 49 bytes, a library user may write a
@@ -363,7 +363,7 @@ func TestRecordFormsLargeAnswer(t *testing.T) {
 // in string form Complete fails after its ~5 s of retries and the answer is
 // lost (the key stays in flight until its lock expires: then executed again,
 // or held unknown). The form must not change what can be recorded.
-func TestReview14gLongTraceRecordedInBothForms(t *testing.T) {
+func TestLongTraceRecordedInBothForms(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	tr := strings.Repeat("a", 256)
@@ -388,9 +388,9 @@ func TestReview14gLongTraceRecordedInBothForms(t *testing.T) {
 	}
 }
 
-// review14gWorld is one Redis (miniredis, virtual clock) with replicas
+// formsWorld is one Redis (miniredis, virtual clock) with replicas
 // sharing it.
-type review14gWorld struct {
+type formsWorld struct {
 	mr     *miniredis.Miniredis
 	rdb    *redis.Client
 	stores []*claim.Store
@@ -399,7 +399,7 @@ type review14gWorld struct {
 	virt   time.Time
 }
 
-func review14gDescribe(err error) string {
+func describeErr(err error) string {
 	var u *claim.UnknownError
 	switch {
 	case err == nil:
@@ -422,7 +422,7 @@ func review14gDescribe(err error) string {
 	return "error:" + err.Error()
 }
 
-// TestReview14gFormsDifferential (passes: evidence, not a finding): random
+// TestRecordFormsDifferential (passes: evidence, not a finding): random
 // lives of two keys (claims by four replicas with random upstreams, hold or
 // expire, completions with and without trace, holds, releases, time passing
 // past locks and TTLs, purges, pre-upgrade claim marks, inspection) run
@@ -431,7 +431,7 @@ func review14gDescribe(err error) string {
 // worlds (status, replayed bytes and trace, takeover age, Recreated,
 // AlreadyUnknown, what keys get reads, TTLs). R14G_SEEDS raises the number
 // of lives (default 60).
-func TestReview14gFormsDifferential(t *testing.T) {
+func TestRecordFormsDifferential(t *testing.T) {
 	seeds := 60
 	if n, err := strconv.Atoi(os.Getenv("R14G_SEEDS")); err == nil && n > 0 {
 		seeds = n
@@ -448,9 +448,9 @@ func TestReview14gFormsDifferential(t *testing.T) {
 				ups[i] = "u" + strconv.Itoa(rng.Intn(2))
 			}
 		}
-		world := func(mixed bool) *review14gWorld {
+		world := func(mixed bool) *formsWorld {
 			mr := miniredis.RunT(t)
-			w := &review14gWorld{mr: mr, rdb: redis.NewClient(&redis.Options{Addr: mr.Addr()}), leases: map[int]*claim.Lease{}}
+			w := &formsWorld{mr: mr, rdb: redis.NewClient(&redis.Options{Addr: mr.Addr()}), leases: map[int]*claim.Lease{}}
 			t.Cleanup(func() { _ = w.rdb.Close() })
 			w.virt = time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC)
 			mr.SetTime(w.virt)
@@ -460,7 +460,7 @@ func TestReview14gFormsDifferential(t *testing.T) {
 			w.in = claim.NewInspector(w.rdb, "d:")
 			return w
 		}
-		worlds := [2]*review14gWorld{world(false), world(true)}
+		worlds := [2]*formsWorld{world(false), world(true)}
 		keys := []claim.Key{claim.NewKey(nil, "k0"), claim.NewKey(nil, "k1")}
 		nextLease := 0
 		var log []string
@@ -497,7 +497,7 @@ func TestReview14gFormsDifferential(t *testing.T) {
 					if r != nil {
 						s += fmt.Sprintf("rec %d %q %q ", r.Status, r.Body, r.Trace)
 					}
-					got[wi] = s + review14gDescribe(err)
+					got[wi] = s + describeErr(err)
 				case 3, 4:
 					if lid < 0 {
 						got[wi] = "no lease"
@@ -513,7 +513,7 @@ func TestReview14gFormsDifferential(t *testing.T) {
 					case 3:
 						err = l.Release(ctx)
 					}
-					got[wi] = fmt.Sprintf("lease%d op%d: %s recreated=%v already=%v", lid, lop, review14gDescribe(err), l.Recreated, l.AlreadyUnknown)
+					got[wi] = fmt.Sprintf("lease%d op%d: %s recreated=%v already=%v", lid, lop, describeErr(err), l.Recreated, l.AlreadyUnknown)
 				case 5:
 					w.virt = w.virt.Add(adv)
 					w.mr.SetTime(w.virt)
@@ -522,18 +522,18 @@ func TestReview14gFormsDifferential(t *testing.T) {
 				case 6:
 					e, err := w.in.Get(ctx, k)
 					if e == nil {
-						got[wi] = "get " + review14gDescribe(err)
+						got[wi] = "get " + describeErr(err)
 						break
 					}
 					got[wi] = fmt.Sprintf("get k%d %s %d at=%v ct=%v ld=%v ttl=%v up=%q tr=%q %s", ki, e.State, e.Status,
-						e.ClaimedAt, e.CompletedAt, e.LockExpiresAt, e.TTL, e.Upstream, e.Trace, review14gDescribe(err))
+						e.ClaimedAt, e.CompletedAt, e.LockExpiresAt, e.TTL, e.Upstream, e.Trace, describeErr(err))
 				case 7:
 					ok, err := w.in.Purge(ctx, k)
-					got[wi] = fmt.Sprintf("purge k%d %v %s", ki, ok, review14gDescribe(err))
+					got[wi] = fmt.Sprintf("purge k%d %v %s", ki, ok, describeErr(err))
 				case 8:
 					rk := claim.RecordKey("d:", k)
 					err := w.rdb.Set(ctx, rk+":m", strconv.FormatInt(w.virt.UnixMilli()-50, 10), time.Hour).Err()
-					got[wi] = "mark " + review14gDescribe(err)
+					got[wi] = "mark " + describeErr(err)
 				}
 			}
 			if op <= 2 {
@@ -548,14 +548,14 @@ func TestReview14gFormsDifferential(t *testing.T) {
 	}
 }
 
-// TestReview14gResendAcrossForms (passes: evidence, not a finding): go-redis
+// TestRecordFormsResend (passes: evidence, not a finding): go-redis
 // resends a script whose reply was lost. For every state a key can be in
 // (none, in flight, lock expired, completed, unknown),
 // hold or not, each record form and each writer form: the claim run twice
 // with one token, then completed with it, answers as with hashes only (the
 // second run recognises its own token; a completion after it is ok or lost
 // alike).
-func TestReview14gResendAcrossForms(t *testing.T) {
+func TestRecordFormsResend(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	cs := redis.NewScript(scripts.Claim)
@@ -618,7 +618,7 @@ func TestReview14gResendAcrossForms(t *testing.T) {
 	}
 }
 
-// TestReview14gStringReplicaReadsHashRecordWithoutWriting: with
+// TestStringStoreReadsHashRecordWithoutWriting: with
 // RECORD_FORMAT=string, claim.lua reads the record with MGET, and when MGET
 // finds no string it tries SET NX before it looks for a hash. A hash record
 // (every record written before the switch, and by any hash replica during
@@ -630,7 +630,7 @@ func TestReview14gResendAcrossForms(t *testing.T) {
 // answer (its claim only reads); a string replica gets an error, and
 // NOREPLICAS/READONLY count as an outage (claim.Unavailable): with
 // FAIL_MODE=open the completed key is forwarded and executes again.
-func TestReview14gStringReplicaReadsHashRecordWithoutWriting(t *testing.T) {
+func TestStringStoreReadsHashRecordWithoutWriting(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		cfg, reset [2]string
@@ -697,10 +697,10 @@ func TestReview14gStringReplicaReadsHashRecordWithoutWriting(t *testing.T) {
 	}
 }
 
-// review14hEncPrev is a string record as e5bc758 and c44b53c wrote it (the
+// encPrevLayout is a string record as e5bc758 and c44b53c wrote it (the
 // same magic 'R1'): each of st, tok, fp, up, at, ld, ct, tr as one length
 // byte followed by its bytes, then rec.
-func review14hEncPrev(f [8]string, rec string) string {
+func encPrevLayout(f [8]string, rec string) string {
 	var b strings.Builder
 	b.WriteString("R1")
 	for _, s := range f {
@@ -711,7 +711,7 @@ func review14hEncPrev(f [8]string, rec string) string {
 	return b.String()
 }
 
-// TestReview14hPreviousLayoutUnderSameMagic: 93de227 moved the eight length
+// TestStringRecordPreviousLayoutUnderSameMagic: 93de227 moved the eight length
 // bytes to the front but kept the magic 'R1' of the layout e5bc758 and
 // c44b53c wrote (README: "Every version from this one reads both forms"; the
 // soak alternates RECORD_FORMAT across restarts). A payment completed by a
@@ -719,7 +719,7 @@ func review14hEncPrev(f [8]string, rec string) string {
 // upgrade, must be replayed, or refused as a record this version cannot
 // read: never answered as another request's key (ErrMismatch, a 422 that
 // tells the client it reused the key) nor as an upstream mismatch.
-func TestReview14hPreviousLayoutUnderSameMagic(t *testing.T) {
+func TestStringRecordPreviousLayoutUnderSameMagic(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	now := time.Now().UnixMilli()
@@ -742,7 +742,7 @@ func TestReview14hPreviousLayoutUnderSameMagic(t *testing.T) {
 				fpv := fp("A")
 				// The token as newToken makes it: 16 random bytes (fixed here).
 				tok := "\x9c\x1f\x04\x7a\xd2\x33\x88\x01\x5e\xe0\x42\x17\xab\x6c\x90\x0d"
-				old := review14hEncPrev([8]string{"c", tok, string(fpv[:]), upHash,
+				old := encPrevLayout([8]string{"c", tok, string(fpv[:]), upHash,
 					strconv.FormatInt(now-2000, 10), strconv.FormatInt(now+58000, 10), strconv.FormatInt(now-1000, 10), ""},
 					string(want.Encode()))
 				if err := rdb.Set(ctx, claim.RecordKey(prefix, k), old, time.Hour).Err(); err != nil {
@@ -770,7 +770,7 @@ func TestReview14hPreviousLayoutUnderSameMagic(t *testing.T) {
 	}
 }
 
-// TestReview14hStringClaimRefusedWrite (passes: evidence, not a finding):
+// TestStringClaimRefusedWrite (passes: evidence, not a finding):
 // claim.lua's pcall'd SET NX, refused by a Redis that answers (NOREPLICAS
 // under min-replicas-to-write, READONLY on a demoted master, OOM under
 // noeviction), over no record or a foreign hash without st. The refusal is
@@ -779,7 +779,7 @@ func TestReview14hPreviousLayoutUnderSameMagic(t *testing.T) {
 // written or deleted: the foreign hash stays a hash. Over a completed record
 // the refused SET NX (the fast path writes first) does not stand: the record
 // is read and replayed, as a Redis that refuses writes still answers reads.
-func TestReview14hStringClaimRefusedWrite(t *testing.T) {
+func TestStringClaimRefusedWrite(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	for _, tc := range []struct {

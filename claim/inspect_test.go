@@ -338,16 +338,16 @@ func TestCacheAfterSubscribedWaitsForTheWatch(t *testing.T) {
 	}
 }
 
-// review12bHookScripter runs after on the reply of every script, before
+// hookScripter runs after on the reply of every script, before
 // the Store sees it: the moment between Redis answering "replay" and the
 // Store caching that answer.
-type review12bHookScripter struct {
+type hookScripter struct {
 	*redis.Client
 	mu    sync.Mutex
 	after func(v any)
 }
 
-func (h *review12bHookScripter) hook(cmd *redis.Cmd) *redis.Cmd {
+func (h *hookScripter) hook(cmd *redis.Cmd) *redis.Cmd {
 	h.mu.Lock()
 	f := h.after
 	h.mu.Unlock()
@@ -357,26 +357,26 @@ func (h *review12bHookScripter) hook(cmd *redis.Cmd) *redis.Cmd {
 	return cmd
 }
 
-func (h *review12bHookScripter) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+func (h *hookScripter) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
 	return h.hook(h.Client.EvalSha(ctx, sha, keys, args...))
 }
 
-func (h *review12bHookScripter) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+func (h *hookScripter) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
 	return h.hook(h.Client.Eval(ctx, script, keys, args...))
 }
 
-// TestReview12bPurgeRacingReplayCachePut: a replay read from Redis just
+// TestPurgeRacingReplayCachePut: a replay read from Redis just
 // before a purge, and put into the replay cache just after the purge's
 // announcement was handled, stays cached: the replica replays the purged
 // record from memory for up to the cache's maximum age (a minute), not
 // "within 1 s". The eviction must also cover puts whose Redis read
 // started before it (a generation/epoch check in put).
-func TestReview12bPurgeRacingReplayCachePut(t *testing.T) {
+func TestPurgeRacingReplayCachePut(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	hs := &review12bHookScripter{Client: rdb}
+	hs := &hookScripter{Client: rdb}
 	s := claim.NewStore(hs, "t:", nil, claim.ReplayCache(1<<20, time.Minute))
 	done := make(chan error, 1)
 	go func() { done <- s.WatchPurges(ctx, rdb, nil) }()
@@ -431,11 +431,11 @@ func TestReview12bPurgeRacingReplayCachePut(t *testing.T) {
 	}
 }
 
-// TestReview12bListNonUTF8Prefix: KEY_PREFIX is any byte string (the
+// TestListNonUTF8Prefix: KEY_PREFIX is any byte string (the
 // config refuses only { and }); globEscape walks it rune by rune and
 // WriteRune turns every invalid byte into U+FFFD, so SCAN's MATCH never
 // matches: keys list prints nothing, exit 0, while get finds the record.
-func TestReview12bListNonUTF8Prefix(t *testing.T) {
+func TestListNonUTF8Prefix(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	ctx := context.Background()
@@ -466,13 +466,13 @@ func TestReview12bListNonUTF8Prefix(t *testing.T) {
 	}
 }
 
-// TestReview12bListOnlyWhatGetAndPurgeReach: parseRecordKey accepts
+// TestListOnlyWhatGetAndPurgeReach: parseRecordKey accepts
 // upper-case hex (ParseKeyHash takes either case), so a key such as
 // t:{ABCD…} — never written by a proxy (RecordKey writes lower case), but
 // present in a shared Redis — is listed under a key_hash whose get says
 // "no record" and whose purge deletes nothing: the operator cannot act on
 // a line keys list printed.
-func TestReview12bListOnlyWhatGetAndPurgeReach(t *testing.T) {
+func TestListOnlyWhatGetAndPurgeReach(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	ctx := context.Background()

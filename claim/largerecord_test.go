@@ -147,7 +147,7 @@ func asHashClaim(t *testing.T, rdb *redis.Client, key string, ttl time.Duration)
 	rdb.PExpire(ctx, key, ttl)
 }
 
-// TestReview70RefusedLargeWriteKeepsTheClaim: Redis does not roll back a
+// TestLargeRecordRefusedWriteKeepsTheClaim: Redis does not roll back a
 // script's earlier writes when a later command errors. SETRANGE checks
 // offset+length against proto-max-bulk-len (its minimum is 1mb; the default
 // MAX_STORED_RESPONSE_BYTES is 1 MiB), so an answer's encoding that Redis
@@ -156,7 +156,7 @@ func asHashClaim(t *testing.T, rdb *redis.Client, key string, ttl time.Duration)
 // key was then free, and the client's retry executed a second time. Now
 // the refused SETRANGE is the script's first write: the claim stays in
 // flight (409, then its lock's expiry, as for any completion Redis refuses).
-func TestReview70RefusedLargeWriteKeepsTheClaim(t *testing.T) {
+func TestLargeRecordRefusedWriteKeepsTheClaim(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	terms := claim.Terms{LockTTL: time.Minute, TTL: time.Hour}
@@ -195,10 +195,10 @@ func TestReview70RefusedLargeWriteKeepsTheClaim(t *testing.T) {
 	}
 }
 
-// TestReview70MiniredisLargeRecord: the embedded store (miniredis) writes
+// TestLargeRecordOnMiniredis: the embedded store (miniredis) writes
 // and replays a large string record, at and around the 64 KiB switch, on the
 // completion's fast path and the "recreated" path, with its TTL.
-func TestReview70MiniredisLargeRecord(t *testing.T) {
+func TestLargeRecordOnMiniredis(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -230,7 +230,7 @@ func TestReview70MiniredisLargeRecord(t *testing.T) {
 	}
 }
 
-// TestReview70FullRedisRefusesLargeStringCompletion: under maxmemory with
+// TestLargeRecordFullRedisRefusesStringCompletion: under maxmemory with
 // noeviction (what the README asks for), a Redis already over its limit
 // refuses a script's first write when that command may grow memory
 // (deny-oom: SET, HSET, SETRANGE, APPEND), and lets every write after the
@@ -240,7 +240,7 @@ func TestReview70MiniredisLargeRecord(t *testing.T) {
 // to 64 MiB), where it refuses a hash completion or a smaller string one.
 // Now the large record's first write is its SETRANGE to the scratch key: it
 // is refused too, and the claim stays in flight.
-func TestReview70FullRedisRefusesLargeStringCompletion(t *testing.T) {
+func TestLargeRecordFullRedisRefusesStringCompletion(t *testing.T) {
 	srv := redistest.Start(t, "maxmemory-policy noeviction")
 	rdb := srv.Client()
 	terms := claim.Terms{LockTTL: time.Minute, TTL: time.Hour}
@@ -293,12 +293,12 @@ func TestReview70FullRedisRefusesLargeStringCompletion(t *testing.T) {
 	}
 }
 
-// TestReview70LargeRecordEveryPath (passes: evidence, not a finding): every
+// TestLargeRecordEveryPath (passes: evidence, not a finding): every
 // completion path of complete.lua that writes a string record, with answers
 // at and around the 64 KiB switch and above 1 MiB, with and without a
 // trace, on a real redis-server: the replay is the answer byte for byte,
 // the record has the completion's TTL, and takes about its size.
-func TestReview70LargeRecordEveryPath(t *testing.T) {
+func TestLargeRecordEveryPath(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	strS := claim.NewStore(rdb, "p70:", nil, claim.StringRecords(true))
@@ -364,12 +364,12 @@ func TestReview70LargeRecordEveryPath(t *testing.T) {
 	}
 }
 
-// TestReview70LargeRecordReplicasAndAOF (passes: evidence, not a finding):
+// TestLargeRecordReplicasAndAOF (passes: evidence, not a finding):
 // Redis replicates a script's effects (MULTI, DEL, SETRANGE, SETRANGE,
 // PEXPIREAT, EXEC). On Cluster, with WAIT 1, the replica of the key's master
 // holds the same record with its TTL, and it takes its size there too; a
 // standalone Redis with AOF restarted (the AOF replayed) holds it as well.
-func TestReview70LargeRecordReplicasAndAOF(t *testing.T) {
+func TestLargeRecordReplicasAndAOF(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -440,10 +440,10 @@ func TestReview70LargeRecordReplicasAndAOF(t *testing.T) {
 	}
 }
 
-// review70PerRecord writes n records of a body of size bytes (status 201,
+// bytesPerRecord writes n records of a body of size bytes (status 201,
 // two headers, as the README's "Sizing" table says) through claim.Store
 // with KEY_PREFIX idem: and returns INFO used_memory per record.
-func review70PerRecord(t *testing.T, rdb *redis.Client, str bool, size, n int) float64 {
+func bytesPerRecord(t *testing.T, rdb *redis.Client, str bool, size, n int) float64 {
 	t.Helper()
 	if err := rdb.FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
@@ -479,11 +479,11 @@ func review70PerRecord(t *testing.T, rdb *redis.Client, str bool, size, n int) f
 	return float64(m1-m0) / float64(n)
 }
 
-// TestReview70ReadmeSizingTable (passes: evidence, not a finding): the
+// TestLargeRecordReadmeSizingTable (passes: evidence, not a finding): the
 // README's "Sizing" table (KB = 1000 bytes), re-measured on the
 // redis-server on PATH through claim.Store with KEY_PREFIX idem:, a 201 with
 // two headers, INFO used_memory over the records written: within 10 % (60 bytes for the smallest).
-func TestReview70ReadmeSizingTable(t *testing.T) {
+func TestLargeRecordReadmeSizingTable(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	for _, row := range []struct {
@@ -493,8 +493,8 @@ func TestReview70ReadmeSizingTable(t *testing.T) {
 		if row.body >= 100000 {
 			n = 100
 		}
-		h := review70PerRecord(t, rdb, false, row.body, n)
-		s := review70PerRecord(t, rdb, true, row.body, n)
+		h := bytesPerRecord(t, rdb, false, row.body, n)
+		s := bytesPerRecord(t, rdb, true, row.body, n)
 		t.Logf("body %6d: hash %7.0f B (README %d), string %7.0f B (README %d)", row.body, h, row.hash, s, row.str)
 		for _, c := range [][2]float64{{h, float64(row.hash)}, {s, float64(row.str)}} {
 			// The README rounds to 0.1 KB: 10 %, or 60 bytes for the smallest.
@@ -505,18 +505,18 @@ func TestReview70ReadmeSizingTable(t *testing.T) {
 	}
 }
 
-type review72Events struct {
+type eventLog struct {
 	mu sync.Mutex
 	ev []claim.Event
 }
 
-func (o *review72Events) Observe(e claim.Event) {
+func (o *eventLog) Observe(e claim.Event) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.ev = append(o.ev, e)
 }
 
-// TestReview72BitopRefusedKeepsTheRecord: BITOP is the only command of the
+// TestLargeRecordBitopRefusedKeepsTheRecord: BITOP is the only command of the
 // large-record write outside @string/@keyspace/@hash (it is @bitmap). A
 // Redis user granted by data type (+@string +@hash +@keyspace +@scripting
 // ...) is refused it after the two SETRANGE have written the record. As
@@ -525,7 +525,7 @@ func (o *review72Events) Observe(e claim.Event) {
 // the claim's TTL instead of the completion's and an error event. Now the
 // refusal is ignored: the record is complete and replayed, with its TTL, at
 // the size SETRANGE left (up to twice the answer: README "Redis version").
-func TestReview72BitopRefusedKeepsTheRecord(t *testing.T) {
+func TestLargeRecordBitopRefusedKeepsTheRecord(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client()
 	if err := admin.Do(ctx, "ACL", "SETUSER", "idem", "on", ">pw", "~*", "&*", "resetchannels",
@@ -534,7 +534,7 @@ func TestReview72BitopRefusedKeepsTheRecord(t *testing.T) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "idem", Password: "pw"})
 	t.Cleanup(func() { _ = rdb.Close() })
-	obs := &review72Events{}
+	obs := &eventLog{}
 	s := claim.NewStore(rdb, "acl:", obs.Observe, claim.StringRecords(true))
 	k := claim.NewKey(nil, "acl")
 	key := claim.RecordKey("acl:", k)
@@ -560,12 +560,12 @@ func TestReview72BitopRefusedKeepsTheRecord(t *testing.T) {
 	}
 }
 
-// TestReview72LargeRecordThroughAOFAndReplica: the large-record write is
+// TestLargeRecordThroughAOFAndReplica: the large-record write is
 // replicated as its effects (SETRANGE, SETRANGE, BITOP, PEXPIREAT) and
 // logged so in the AOF. A replica (here with a smaller proto-max-bulk-len
 // than its master) and a reload of the AOF both end with the same exact
 // record, its size and its TTL.
-func TestReview72LargeRecordThroughAOFAndReplica(t *testing.T) {
+func TestLargeRecordThroughAOFAndReplica(t *testing.T) {
 	m := redistest.Start(t, "appendonly yes", "appendfsync always", "enable-debug-command yes")
 	r := redistest.Start(t, fmt.Sprintf("replicaof 127.0.0.1 %d", m.Port()), "proto-max-bulk-len 1mb")
 	mc, rc := m.Client(), r.Client()
@@ -604,10 +604,10 @@ func TestReview72LargeRecordThroughAOFAndReplica(t *testing.T) {
 	check("master after AOF reload", mc.Get(ctx, key).Val(), mc.PTTL(ctx, key).Val(), mc.MemoryUsage(ctx, key, 0).Val())
 }
 
-// review72CheckString checks that key holds exactly a string record whose
+// checkStringRecord checks that key holds exactly a string record whose
 // answer is enc: the head's lengths add up, the answer runs from there to
 // the end, and nothing of an earlier value survives.
-func review72CheckString(t *testing.T, raw []byte, enc []byte, st string, tr string) {
+func checkStringRecord(t *testing.T, raw []byte, enc []byte, st string, tr string) {
 	t.Helper()
 	if len(raw) < 10 || string(raw[:2]) != "R2" {
 		t.Fatalf("not a string record: %q", raw[:min(len(raw), 20)])
@@ -633,13 +633,13 @@ func review72CheckString(t *testing.T, raw []byte, enc []byte, st string, tr str
 	}
 }
 
-// TestReview72LargeRecordOverEveryPriorValue: a large answer is written by
+// TestLargeRecordOverEveryPriorValue: a large answer is written by
 // SETRANGE over whatever the key holds. Every value the key can hold when a
 // completion reaches setString (our claim in flight, with and without an
 // upstream, late; unknown, held by another request or by our own Hold;
 // held by a hash replica; lost) leaves an exact record: no byte of the
 // earlier value, the completion's TTL, the replay. Both backends.
-func TestReview72LargeRecordOverEveryPriorValue(t *testing.T) {
+func TestLargeRecordOverEveryPriorValue(t *testing.T) {
 	const trace = "0123456789abcdef0123456789abcdef-0123456789abcdef"
 	for _, be := range backends(t) {
 		for _, up := range []string{"", "upstream-a"} {
@@ -713,7 +713,7 @@ func TestReview72LargeRecordOverEveryPriorValue(t *testing.T) {
 							if raw, err = be.rdb.Get(ctx, key).Bytes(); err != nil {
 								t.Fatal(err)
 							}
-							review72CheckString(t, raw, enc, wantSt, trace)
+							checkStringRecord(t, raw, enc, wantSt, trace)
 						}
 						if ttl := be.rdb.PTTL(ctx, key).Val(); ttl < 59*time.Minute || ttl > time.Hour {
 							t.Errorf("TTL %v (prior value %d bytes)", ttl, len(before))

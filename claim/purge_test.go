@@ -740,7 +740,7 @@ func TestPurgeIfState(t *testing.T) {
 		if !errors.Is(err, claim.ErrClaimLive) {
 			break
 		}
-		// Refused after the lock ended: no stall explains that (review64).
+		// Refused after the lock ended: no stall explains that.
 		if called.After(lockEnded) {
 			t.Fatalf("PurgeIf called %v after the claim's %v lock ended: %v; want the abandoned claim deleted", called.Sub(lockEnded), flyingLock, err)
 		}
@@ -835,8 +835,8 @@ func TestPurgeIfRacesCompletion(t *testing.T) {
 // an abandoned claim only. An operator sees one (in flight, its lock
 // expired); before the purge, a retry takes the key over: the record is a
 // live claim, still in flight, whose request is executing. PurgeIf must not
-// delete it, or the next retry executes beside the running one. (Found by
-// review: the state alone was compared.)
+// delete it, or the next retry executes beside the running one. (Before the fix:
+// the state alone was compared.)
 func TestPurgeIfInFlightSparesTakeover(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
@@ -1150,7 +1150,7 @@ func TestWatchProbeRefusedTurnsCacheOff(t *testing.T) {
 	}
 }
 
-// TestCacheOffWhenResubscribeIsRefused (review17d)
+// TestCacheOffWhenResubscribeIsRefused
 //
 // CacheAfterSubscribed promises the cache serves "not while Redis refuses
 // [the subscription]". WatchPurges only checks the FIRST subscription; after

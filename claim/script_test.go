@@ -193,7 +193,7 @@ func TestHashClaimOverHashWithoutState(t *testing.T) {
 	}
 }
 
-// TestHashClaimErrorLeavesNothing (review 78): the hash claim writes st
+// TestHashClaimErrorLeavesNothing: the hash claim writes st
 // first, so whatever fails after it must not leave a state without the rest
 // of its record: a lock nobody holds, without a TTL, which every later claim
 // of the key would answer as another fingerprint's (422) for good. A bad
@@ -233,9 +233,9 @@ func TestHashClaimErrorLeavesNothing(t *testing.T) {
 	}
 }
 
-// review14hGeneralComplete is complete.lua without its string fast path:
+// generalCompleteScript is complete.lua without its string fast path:
 // every record goes through dec/enc (the general path).
-func review14hGeneralComplete(t *testing.T) string {
+func generalCompleteScript(t *testing.T) string {
 	t.Helper()
 	src := scripts.Complete
 	i := strings.Index(src, "  if type(e) == 'string' and string.sub(e, 1, 3) == 'R2\\1'")
@@ -247,9 +247,9 @@ func review14hGeneralComplete(t *testing.T) string {
 	return src[:i] + src[i+j+len(end):]
 }
 
-// review14hEnc builds a string record in the layout README and the scripts
+// encStringRecord builds a string record in the layout README and the scripts
 // describe, with optional damage to its length bytes.
-func review14hEnc(f [8]string, rec string) string {
+func encStringRecord(f [8]string, rec string) string {
 	var b strings.Builder
 	b.WriteString("R2")
 	for _, s := range f {
@@ -262,7 +262,7 @@ func review14hEnc(f [8]string, rec string) string {
 	return b.String()
 }
 
-func review14hOutcome(rdb *redis.Client, key string, v any, err error) string {
+func scriptOutcome(rdb *redis.Client, key string, v any, err error) string {
 	typ := rdb.Type(ctx, key).Val()
 	s := fmt.Sprintf("reply=%v err=%v type=%s", v, err, typ)
 	if err != nil {
@@ -295,7 +295,7 @@ func review14hOutcome(rdb *redis.Client, key string, v any, err error) string {
 	return s
 }
 
-// TestReview14hCompleteFastPathMatchesGeneral (passes: evidence, not a
+// TestCompleteFastPathMatchesGeneral (passes: evidence, not a
 // finding): complete.lua's string fast path against the same script without
 // it, on 400 records made by hand: every state, tokens that match only in
 // part (a prefix, one byte more, another), expired and absent lock
@@ -303,12 +303,12 @@ func review14hOutcome(rdb *redis.Client, key string, v any, err error) string {
 // answers of 0, 1, 100, 65536 and 65537 bytes, state c and u, with and
 // without a trace. The reply, and the record left (ct aside), are the same.
 // A non-numeric lock deadline is left out: see
-// TestReview14hCompleteFastPathWritesBeforeFailing.
-func TestReview14hCompleteFastPathMatchesGeneral(t *testing.T) {
+// TestCompleteFastPathWritesBeforeFailing.
+func TestCompleteFastPathMatchesGeneral(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	fast := redis.NewScript(scripts.Complete)
-	general := redis.NewScript(review14hGeneralComplete(t))
+	general := redis.NewScript(generalCompleteScript(t))
 	now := time.Now().UnixMilli()
 	tok := "TOK\x00R2\x01i\xff-0123456" // newToken's bytes are random: NUL, the magic, 'i'
 	fpv := "\x00" + strings.Repeat("F", 30) + "\x00"
@@ -350,7 +350,7 @@ func TestReview14hCompleteFastPathMatchesGeneral(t *testing.T) {
 				oldRec = pick("504", "x")
 			}
 		}
-		v := review14hEnc(f, oldRec)
+		v := encStringRecord(f, oldRec)
 		switch rng.Intn(8) {
 		case 0: // a length byte one too large or small
 			j := 3 + rng.Intn(8)
@@ -360,7 +360,7 @@ func TestReview14hCompleteFastPathMatchesGeneral(t *testing.T) {
 		case 1: // truncated
 			v = v[:rng.Intn(len(v)+1)]
 		}
-		if v == review14hEnc(f, oldRec) && f[0] == "i" && f[1] == tok && f[5] != "" && f[6] == "" && f[7] == "" && oldRec == "" {
+		if v == encStringRecord(f, oldRec) && f[0] == "i" && f[1] == tok && f[5] != "" && f[6] == "" && f[7] == "" && oldRec == "" {
 			eligible++
 		}
 		rec := strings.Repeat("r", []int{0, 1, 100, 65536, 65537}[rng.Intn(5)])
@@ -372,7 +372,7 @@ func TestReview14hCompleteFastPathMatchesGeneral(t *testing.T) {
 				t.Fatal(err)
 			}
 			got, err := sc.Run(ctx, rdb, []string{key}, argv...).Result()
-			out[wi] = review14hOutcome(rdb, key, got, err)
+			out[wi] = scriptOutcome(rdb, key, got, err)
 		}
 		if out[0] != out[1] {
 			if len(v) > 200 {
@@ -393,27 +393,27 @@ func TestReview14hCompleteFastPathMatchesGeneral(t *testing.T) {
 	}
 }
 
-// TestReview14hCompleteFastPathWritesBeforeFailing (nit): the fast path
+// TestCompleteFastPathWritesBeforeFailing (nit): the fast path
 // writes the completed record first and compares the lock deadline after.
 // On an in-flight record of ours whose ld is not a number (made by hand, or
 // corrupted), the general path fails before writing anything, as the hash
 // form does; the fast path rewrites the record as completed and then fails
 // with a Lua error: the caller is told the completion failed (and retries)
 // while it was in fact recorded, and the two paths leave different records.
-func TestReview14hCompleteFastPathWritesBeforeFailing(t *testing.T) {
+func TestCompleteFastPathWritesBeforeFailing(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	tok := "TOKEN-0123456789"
 	fpv := strings.Repeat("F", 32)
-	rec := review14hEnc([8]string{"i", tok, fpv, "", strconv.FormatInt(time.Now().UnixMilli(), 10), "soon", "", ""}, "")
+	rec := encStringRecord([8]string{"i", tok, fpv, "", strconv.FormatInt(time.Now().UnixMilli(), 10), "soon", "", ""}, "")
 	var out [2]string
-	for wi, sc := range []*redis.Script{redis.NewScript(scripts.Complete), redis.NewScript(review14hGeneralComplete(t))} {
+	for wi, sc := range []*redis.Script{redis.NewScript(scripts.Complete), redis.NewScript(generalCompleteScript(t))} {
 		key := fmt.Sprintf("ld:%d", wi)
 		if err := rdb.Set(ctx, key, rec, time.Hour).Err(); err != nil {
 			t.Fatal(err)
 		}
 		got, err := sc.Run(ctx, rdb, []string{key}, tok, "answer", 3600000, fpv, "", "c", "", "s").Result()
-		out[wi] = review14hOutcome(rdb, key, got, err)
+		out[wi] = scriptOutcome(rdb, key, got, err)
 	}
 	if out[0] != out[1] {
 		t.Errorf("in-flight record with ld %q:\n  fast path    %s\n  general path %s\nwant the same (an error, nothing written)", "soon", out[0], out[1])
@@ -439,7 +439,7 @@ func infoMemory(t *testing.T, rdb *redis.Client, field string) int64 {
 	return 0
 }
 
-// TestReview14gStringFormLuaHeap: a string record is built and taken apart
+// TestStringFormLuaHeap: a string record is built and taken apart
 // in Lua: complete.lua concatenates the whole answer into a new string
 // (enc: table.concat) beside ARGV, claim.lua's replay copies it out of the
 // value (dec: string.sub(v, p)). A hash record's answer goes through Lua
@@ -449,7 +449,7 @@ func infoMemory(t *testing.T, rdb *redis.Client, field string) int64 {
 // bound, ~190 MB of Redis RSS outside maxmemory instead of ~64 MB. Redis
 // sizing (and a container memory limit) has to know; the README's "Record
 // format" says nothing of it.
-func TestReview14gStringFormLuaHeap(t *testing.T) {
+func TestStringFormLuaHeap(t *testing.T) {
 	const size = 8 << 20
 	heap := map[string][2]int64{}
 	for _, f := range forms {
@@ -480,12 +480,12 @@ func TestReview14gStringFormLuaHeap(t *testing.T) {
 	}
 }
 
-// TestReview72HashPathLuaHeap: review14g's budget (string records keep at
+// TestHashFormLuaHeap: TestStringFormLuaHeap's budget (string records keep at
 // most twice the Lua heap of hash records after recording a large answer)
 // on setString's hash path: a string replica completing a claim that a
 // hash replica held (mixed RECORD_FORMAT rollout, ON_UNKNOWN=hold, a slow
 // upstream) writes SET head..rec, one more copy of the answer in Lua.
-func TestReview72HashPathLuaHeap(t *testing.T) {
+func TestHashFormLuaHeap(t *testing.T) {
 	const size = 8 << 20
 	heap := map[string]int64{}
 	for _, path := range []string{"hash", "string", "string-over-hash"} {

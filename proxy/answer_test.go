@@ -138,7 +138,7 @@ func (oomError) RedisError()   {}
 // canceled", whoever canceled). The timings that order these in a real
 // forward are microseconds apart (a 1xx written just as the watchdog's
 // time runs out), so the states are built here; the HTTP tests
-// (passthrough_clientgone_test.go, passthrough_test.go) drive the others.
+// (passthrough_test.go) drive the others.
 func TestPlainErrorBlame(t *testing.T) {
 	u, _ := url.Parse("http://127.0.0.1:1")
 	h, err := New(nil, Options{Upstream: u, KeyHeader: "Idempotency-Key", UpstreamTimeout: time.Second,

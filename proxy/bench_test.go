@@ -231,8 +231,8 @@ func BenchmarkBareReverseProxy(b *testing.B) {
 
 // BenchmarkKeySource1KiB is the handler's own cost for a first request
 // with a 1 KiB JSON body, its key from the Idempotency-Key header or from
-// the body's "id" (key=json:/id): issue 11's "a json: key source adds no
-// more than 10 % proxy CPU" measured without the noise of a shared machine.
+// the body's "id" (key=json:/id): the target "a json: key source adds
+// no more than 10 % proxy CPU" measured without the noise of a shared machine.
 func BenchmarkKeySource1KiB(b *testing.B) {
 	body := `{"id":"evt_1NGqQ2LkdIwHu7ixaxS2bDnD","object":"event","api_version":"2023-10-16","created":1686089970,` +
 		`"data":{"object":{"id":"pi_3NGqPzLkdIwHu7ix0YbwwpJ8","object":"payment_intent","amount":2000,"amount_capturable":0,` +
@@ -297,7 +297,7 @@ func memoryOptions(routes []Route) Options {
 // TestReplayAllocations bounds what a cached replay allocates in the
 // handler, the request id and its header included: a request's log lines
 // take its id as a field, so no logger, context or request copy is made per
-// request (they were four allocations on every request; issue 14).
+// request (they were four allocations on every request).
 func TestReplayAllocations(t *testing.T) {
 	rec := (&claim.Record{Status: 201, Header: map[string][]string{
 		"Content-Type": {"application/json"}, "Content-Length": {"200"},

@@ -393,21 +393,21 @@ func trailerSend(t *testing.T, e *env, raw string) (string, http.Header) {
 	return "", nil
 }
 
-// review16bTrailerSend sends raw (one request) on a new connection, waits
+// sendForTrailers sends raw (one request) on a new connection, waits
 // for its answer and returns the trailers the upstream read.
-func review16bTrailerSend(t *testing.T, e *env, raw string) http.Header {
+func sendForTrailers(t *testing.T, e *env, raw string) http.Header {
 	t.Helper()
 	_, tr := trailerSend(t, e, raw)
 	return tr
 }
 
-// TestReview16bEmptyKeyedBodyKeepsItsTrailers: the README says a request's
+// TestEmptyKeyedBodyKeepsItsTrailers: the README says a request's
 // trailers are forwarded "keyed or not". A chunked body with no data and a
 // trailer (a signature or digest of empty content) is forwarded with it on
 // pass-through, but the keyed path only goes chunked when len(body) > 0:
 // an empty keyed body is sent as "Content-Length: 0" and its trailers are
 // dropped.
-func TestReview16bEmptyKeyedBodyKeepsItsTrailers(t *testing.T) {
+func TestEmptyKeyedBodyKeepsItsTrailers(t *testing.T) {
 	for _, key := range []string{"", "empty-tr-1"} {
 		name := "pass-through"
 		keyLine := ""
@@ -416,7 +416,7 @@ func TestReview16bEmptyKeyedBodyKeepsItsTrailers(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t, miniBackend, nil)
-			tr := review16bTrailerSend(t, e, "POST /v1/orders HTTP/1.1\r\nHost: x\r\n"+keyLine+
+			tr := sendForTrailers(t, e, "POST /v1/orders HTTP/1.1\r\nHost: x\r\n"+keyLine+
 				"Transfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n0\r\nX-Checksum: e3b0c442\r\n\r\n")
 			if v := tr.Get("X-Checksum"); v != "e3b0c442" {
 				t.Errorf("upstream got trailer X-Checksum %q (trailers %v), want %q", v, tr, "e3b0c442")
@@ -425,7 +425,7 @@ func TestReview16bEmptyKeyedBodyKeepsItsTrailers(t *testing.T) {
 	}
 }
 
-// TestReview16bTraceparentTrailerNotForwarded: the README's rule is that
+// TestTraceparentTrailerNotForwarded: the README's rule is that
 // fields "the proxy reads or sets as headers" are not forwarded as
 // trailers, "so that an upstream that merges trailers into its headers
 // never finds a client's value in their place". With tracing on, the proxy
@@ -433,7 +433,7 @@ func TestReview16bEmptyKeyedBodyKeepsItsTrailers(t *testing.T) {
 // with its own client span's (traceOutgoing); trailerDenied does not name
 // them, so a client's Traceparent and Tracestate trailers reach the
 // upstream, keyed or not.
-func TestReview16bTraceparentTrailerNotForwarded(t *testing.T) {
+func TestTraceparentTrailerNotForwarded(t *testing.T) {
 	for _, key := range []string{"", "tp-tr-1"} {
 		name := "pass-through"
 		keyLine := ""
@@ -444,7 +444,7 @@ func TestReview16bTraceparentTrailerNotForwarded(t *testing.T) {
 			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(tracetest.NewSpanRecorder()))
 			t.Cleanup(func() { _ = tp.Shutdown(t.Context()) })
 			e := newEnv(t, miniBackend, func(o *proxy.Options) { o.TracerProvider = tp })
-			tr := review16bTrailerSend(t, e, "POST /v1/orders HTTP/1.1\r\nHost: x\r\n"+keyLine+
+			tr := sendForTrailers(t, e, "POST /v1/orders HTTP/1.1\r\nHost: x\r\n"+keyLine+
 				"Transfer-Encoding: chunked\r\nTrailer: X-Checksum, Traceparent, Tracestate\r\n\r\n5\r\nhello\r\n0\r\nX-Checksum: abc\r\n"+
 				"Traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\nTracestate: vendor=forged\r\n\r\n")
 			if tr.Get("X-Checksum") != "abc" {
@@ -457,7 +457,7 @@ func TestReview16bTraceparentTrailerNotForwarded(t *testing.T) {
 	}
 }
 
-// TestReview16bUndeclaredTrailerSameWithTracing: a trailer the client did
+// TestUndeclaredTrailerSameWithTracing: a trailer the client did
 // not announce in "Trailer:" (RFC 9110 only says SHOULD) was forwarded on
 // the keyed path with tracing off, and dropped with tracing on (the traced
 // request is a copy made before the body was read, whose Trailer map stays
@@ -465,7 +465,7 @@ func TestReview16bTraceparentTrailerNotForwarded(t *testing.T) {
 // pass-through (likewise a copy). Whether a client's trailer reaches the
 // upstream must not depend on TRACING: only announced trailers are
 // forwarded (README), keyed or not, traced or not.
-func TestReview16bUndeclaredTrailerSameWithTracing(t *testing.T) {
+func TestUndeclaredTrailerSameWithTracing(t *testing.T) {
 	for _, traced := range []bool{false, true} {
 		for _, key := range []string{"", "und-"} {
 			name := "untraced"
@@ -487,7 +487,7 @@ func TestReview16bUndeclaredTrailerSameWithTracing(t *testing.T) {
 				if key != "" {
 					keyLine = "Idempotency-Key: " + key + "1\r\n"
 				}
-				tr := review16bTrailerSend(t, e, "POST /v1/orders HTTP/1.1\r\nHost: x\r\n"+keyLine+
+				tr := sendForTrailers(t, e, "POST /v1/orders HTTP/1.1\r\nHost: x\r\n"+keyLine+
 					"Transfer-Encoding: chunked\r\nTrailer: X-Announced\r\n\r\n5\r\nhello\r\n0\r\nX-Checksum: abc\r\nX-Announced: yes\r\n\r\n")
 				if tr.Get("X-Checksum") != "" || tr.Get("X-Announced") != "yes" {
 					t.Errorf("%s: upstream trailers %v, want only the announced X-Announced", name, tr)
@@ -497,7 +497,7 @@ func TestReview16bUndeclaredTrailerSameWithTracing(t *testing.T) {
 	}
 }
 
-// TestReview14KeyedEmptyBodyKeepsContentLength: a keyed POST, PUT or PATCH
+// TestKeyedEmptyBodyKeepsContentLength: a keyed POST, PUT or PATCH
 // with an empty body (Content-Length: 0, as a capture or confirm call
 // sends it) must reach the upstream as Content-Length: 0, as the same
 // request without a key does. The keyed ReverseProxy's Rewrite gives an
@@ -509,7 +509,7 @@ func TestReview16bUndeclaredTrailerSameWithTracing(t *testing.T) {
 // requires a length (411 Length Required: many legacy servers, WAFs and
 // gateways), or speaks HTTP/1.0, refuses or misreads every keyed empty
 // request that it accepts without a key.
-func TestReview14KeyedEmptyBodyKeepsContentLength(t *testing.T) {
+func TestKeyedEmptyBodyKeepsContentLength(t *testing.T) {
 	forBoth(t, func(o *proxy.Options) {
 		o.Methods = []string{"POST", "PUT", "PATCH"}
 	}, func(t *testing.T, e *env) {
@@ -539,7 +539,7 @@ func TestReview14KeyedEmptyBodyKeepsContentLength(t *testing.T) {
 	})
 }
 
-// TestReview83RefusalWithUnsentBodyIsBounded (review 83): a request the
+// TestRefusalWithUnsentBodyIsBounded: a request the
 // proxy refuses before its body is read (an invalid key, a missing required
 // key, a declared body over MAX_BODY_BYTES, a refused upgrade), or while
 // reading it (a chunked body past the limit), leaves the body unread when
@@ -547,7 +547,7 @@ func TestReview14KeyedEmptyBodyKeepsContentLength(t *testing.T) {
 // answer, to keep the connection: with no read deadline, a client that
 // declares a body and never sends it held the connection for ever and never
 // got its answer. It must get the answer within REQUEST_READ_TIMEOUT.
-func TestReview83RefusalWithUnsentBodyIsBounded(t *testing.T) {
+func TestRefusalWithUnsentBodyIsBounded(t *testing.T) {
 	const readTimeout = time.Second
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.RequestReadTimeout = readTimeout
@@ -596,7 +596,7 @@ func expectAnswerWithoutBody(t *testing.T, e *env, head string, status int, read
 	t.Logf("answered %d after %v", resp.StatusCode, time.Since(start).Round(time.Millisecond))
 }
 
-// TestReview84LongRefusalWithUnsentBodyIsBounded (review 84): review 83
+// TestLongRefusalWithUnsentBodyIsBounded: TestRefusalWithUnsentBodyIsBounded
 // bounds the read net/http makes of an unread body by a read deadline set
 // in Handler.finish, after the handler returns. But net/http reads that
 // body when the answer's header is written, which for an answer over its
@@ -606,7 +606,7 @@ func expectAnswerWithoutBody(t *testing.T, e *env, head string, status int, read
 // key=query:NAME whose value does not decode (the value). A client that
 // declares a body, sends a long value and never sends the body holds the
 // handler for ever and never gets its answer.
-func TestReview84LongRefusalWithUnsentBodyIsBounded(t *testing.T) {
+func TestLongRefusalWithUnsentBodyIsBounded(t *testing.T) {
 	const readTimeout = time.Second
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.RequestReadTimeout = readTimeout
@@ -618,7 +618,7 @@ func TestReview84LongRefusalWithUnsentBodyIsBounded(t *testing.T) {
 			"POST /v1/orders HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: websocket" + long + "\r\nContent-Length: 100\r\n\r\n"},
 		{"key=query:id that does not decode, long",
 			"POST /hooks/q?id=%zz" + long + " HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"},
-		{"refused upgrade, short (control: bounded since review 83)",
+		{"refused upgrade, short (control: bounded by TestRefusalWithUnsentBodyIsBounded)",
 			"POST /v1/orders HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: websocket\r\nContent-Length: 100\r\n\r\n"},
 	}
 	for _, c := range cases {

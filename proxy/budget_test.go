@@ -212,7 +212,7 @@ func TestBufferBudgetChunkedBody(t *testing.T) {
 // room is forwarded whole, unbuffered, as a proxy without idempotency
 // would, and counted under its outcome, but not in
 // idemproxy_buffer_full_total, which (with the IdemproxyBufferFull alert)
-// counts requests answered 503, nothing executed (found by review).
+// counts requests answered 503, nothing executed.
 func TestBufferBudgetObserveForwards(t *testing.T) {
 	forBoth(t, func(o *proxy.Options) {
 		budgetOptions(o)
@@ -364,7 +364,7 @@ func storeProxy(t *testing.T, e *env, opts proxy.Options, newStore func(*proxy.M
 
 // TestBufferBudgetCachedReplaysCountNothing: a replay from the replay cache
 // writes the cache's own slice and holds no memory of its own, so it counts
-// nothing in MAX_BUFFERED_BYTES. (Found by review: it counted its record's
+// nothing in MAX_BUFFERED_BYTES. (Before the fix: it counted its record's
 // size for as long as its client took to read it, so two ~90-byte requests
 // that never read a cached 6 MiB record locked a 12 MiB budget, and every
 // other keyed request of every tenant got 503.)
@@ -436,7 +436,7 @@ func TestBufferBudgetCachedReplaysCountNothing(t *testing.T) {
 // MAX_STORED_RESPONSE_BYTES drops its copy, and the copy's memory goes with
 // it, not when the stream ends (up to UPSTREAM_TIMEOUT later). Twelve such
 // streams stay open after their copies are dropped; the live heap must not
-// hold their 12 MiB while idemproxy_buffered_bytes reads 0. (Found by review:
+// hold their 12 MiB while idemproxy_buffered_bytes reads 0. (Before the fix:
 // the copy was Reset, which keeps its capacity.)
 func TestBufferBudgetDroppedCopyFreed(t *testing.T) {
 	const (
@@ -514,7 +514,7 @@ func TestBufferBudgetDroppedCopyFreed(t *testing.T) {
 // (where a recorded answer may take it). A WAIT_TIMEOUT waiter let in with
 // room waits; another request's answer takes the count past the limit; the
 // first completes with an empty body, and the waiter gets its replay.
-// (Found by review: it got 503.)
+// (Before the fix: it got 503.)
 func TestBufferBudgetEmptyReplayAlwaysFits(t *testing.T) {
 	forBoth(t, func(o *proxy.Options) {
 		budgetOptions(o)
@@ -578,7 +578,7 @@ func TestBufferBudgetEmptyReplayAlwaysFits(t *testing.T) {
 // bytes that have arrived, never what a client declares. Four connections
 // send the headers of keyed requests (two declaring 16 KiB, two 1 MiB) and
 // not one byte of body; a legitimate keyed request with a 4-byte body is
-// still served. (Found by review: chunks were taken before they were read
+// still served. (Before the fix: chunks were taken before they were read
 // into, so about 2048 idle connections held the default budget and every
 // keyed request with a body got 503.)
 func TestBufferBudgetIdleHeadersHoldNothing(t *testing.T) {
@@ -623,8 +623,8 @@ func TestBufferBudgetIdleHeadersHoldNothing(t *testing.T) {
 // upstream has not answered yet holds no answer buffer, so memory does not
 // grow with concurrency beyond what idemproxy_buffered_bytes counts. One P
 // (GOMAXPROCS=1) makes sync.Pool hand on the buffer a 1 MiB answer just
-// returned; sixteen requests are then held at the upstream. (Found by
-// review: each took a pooled buffer grown by an earlier answer at once,
+// returned; sixteen requests are then held at the upstream. (Before the fix:
+// each took a pooled buffer grown by an earlier answer at once,
 // uncounted: 10 to 16 MiB against a 4 MiB budget.)
 func TestBufferBudgetPooledCopiesBounded(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
@@ -869,8 +869,8 @@ func TestBufferBudgetRecordingCounted(t *testing.T) {
 // replays of 6 MiB records (distinct keys, so the replay cache shares
 // nothing; above what the kernel's send buffer takes off the heap) and read
 // nothing: the live heap may not grow beyond what idemproxy_buffered_bytes
-// counts. Records are in redis-server, not in this process. (Found by
-// review: replays were neither counted nor limited in number.)
+// counts. Records are in redis-server, not in this process. (Before the fix:
+// replays were neither counted nor limited in number.)
 func TestBufferBudgetReplaysCounted(t *testing.T) {
 	const (
 		keys   = 8
@@ -957,7 +957,7 @@ func TestBufferBudgetReplaysCounted(t *testing.T) {
 // TestBufferBudgetLargeReplayNotStarved: a replay is let in under a new
 // request's rule (the count below MAX_BUFFERED_BYTES), then counts its
 // record, so a retry of a completed request is never refused where a new
-// execution of the same size gets in. (Found by review: a replay had to fit
+// execution of the same size gets in. (Before the fix: a replay had to fit
 // whole, and a 40 KiB replay got 503 while a new request with the same
 // 40 KiB answer was executed, so under steady load large replays starved.)
 func TestBufferBudgetLargeReplayNotStarved(t *testing.T) {
@@ -1005,7 +1005,7 @@ func TestBufferBudgetLargeReplayNotStarved(t *testing.T) {
 // TestBufferBudgetFullRefusesBodilessRequests: with MAX_BUFFERED_BYTES full,
 // a keyed request without a body is either refused before anything is
 // claimed (503, and its retry executes) or executed and its answer replayed
-// byte for byte; never executed and then unreplayable. (Found by review: it
+// byte for byte; never executed and then unreplayable. (Before the fix: it
 // took nothing at the body stage, was executed, and its 43-byte answer
 // found no room and was recorded without its body.)
 func TestBufferBudgetFullRefusesBodilessRequests(t *testing.T) {
@@ -1045,7 +1045,7 @@ func TestBufferBudgetFullRefusesBodilessRequests(t *testing.T) {
 	})
 }
 
-// TestReview68RecordingCountsEncodingCapacity: while Redis takes a record,
+// TestBufferBudgetRecordingCountsEncodingCapacity: while Redis takes a record,
 // what the process holds is the encoding's allocation, cap(enc), not
 // len(enc): Record.Encode allocates an over-estimate (10 bytes per header
 // value, 20 per name, 43 more) and the allocator rounds it up (to a size
@@ -1054,7 +1054,7 @@ func TestBufferBudgetFullRefusesBodilessRequests(t *testing.T) {
 // length. For answers just above 32 KiB that is ~20 % uncounted per
 // recording (up to 8 KiB each), more for answers with many short header
 // values, which the upstream chooses.
-func TestReview68RecordingCountsEncodingCapacity(t *testing.T) {
+func TestBufferBudgetRecordingCountsEncodingCapacity(t *testing.T) {
 	const (
 		n    = 4
 		size = 32<<10 + 1
@@ -1081,7 +1081,7 @@ func TestReview68RecordingCountsEncodingCapacity(t *testing.T) {
 	}
 }
 
-// TestReview68RecordingHeadersCounted: an answer's headers are held while
+// TestBufferBudgetRecordingHeadersCounted: an answer's headers are held while
 // Redis takes its record as its body is, by the upstream's header map
 // (net/http lets an upstream send up to 10 MiB of them; the proxy's
 // Transport sets no MaxResponseHeaderBytes) besides the encoding, which
@@ -1089,7 +1089,7 @@ func TestReview68RecordingCountsEncodingCapacity(t *testing.T) {
 // Redis has not taken yet, must not grow the live heap past what
 // idemproxy_buffered_bytes counts. (Not introduced by 33a36ae, which made
 // it better: before it neither the headers nor their encoding counted.)
-func TestReview68RecordingHeadersCounted(t *testing.T) {
+func TestBufferBudgetRecordingHeadersCounted(t *testing.T) {
 	const (
 		n      = 4
 		values = 150
@@ -1138,9 +1138,9 @@ func TestReview68RecordingHeadersCounted(t *testing.T) {
 	g.release()
 }
 
-// review68Body is the deterministic body of (key, n bytes): every answer
+// deterministicBody is the deterministic body of (key, n bytes): every answer
 // differs, so a pooled buffer reused too early would show in a replay.
-func review68Body(key string, n int) []byte {
+func deterministicBody(key string, n int) []byte {
 	b := make([]byte, n)
 	for i := range b {
 		b[i] = "abcdefghijklmnopqrstuvwxyz0123456789"[(i*7+len(key)*13+int(key[len(key)-1]))%36]
@@ -1149,14 +1149,14 @@ func review68Body(key string, n int) []byte {
 	return b
 }
 
-// TestReview68CountReturnsToZeroAcrossPaths (soundness check, passes on
+// TestBufferBudgetReturnsToZeroAcrossPaths (soundness check, passes on
 // HEAD): every way an executed answer ends (large and small copies, a body
 // the upstream aborts, one past MAX_STORED_RESPONSE_BYTES, 103 then the
 // answer, trailers, 204, a released 5xx, an event stream, a client that
 // leaves mid-answer) run concurrently, several rounds, on both backends:
 // MAX_BUFFERED_BYTES returns to 0, and every stored answer replays byte for
 // byte (no pooled copy reused while it still held another's answer).
-func TestReview68CountReturnsToZeroAcrossPaths(t *testing.T) {
+func TestBufferBudgetReturnsToZeroAcrossPaths(t *testing.T) {
 	const rounds = 6
 	for _, backend := range bothBackends {
 		t.Run(backend, func(t *testing.T) {
@@ -1169,11 +1169,11 @@ func TestReview68CountReturnsToZeroAcrossPaths(t *testing.T) {
 				fl := w.(http.Flusher)
 				switch {
 				case strings.HasPrefix(r.URL.Path, "/big"), strings.HasPrefix(r.URL.Path, "/leave"):
-					b := review68Body(key, 40000+len(key))
+					b := deterministicBody(key, 40000+len(key))
 					w.Header().Set("Content-Length", fmt.Sprint(len(b)))
 					_, _ = w.Write(b)
 				case strings.HasPrefix(r.URL.Path, "/small"):
-					b := review68Body(key, 3000)
+					b := deterministicBody(key, 3000)
 					for i := 0; i < len(b); i += 1000 {
 						_, _ = w.Write(b[i : i+1000])
 						fl.Flush()
@@ -1181,11 +1181,11 @@ func TestReview68CountReturnsToZeroAcrossPaths(t *testing.T) {
 				case strings.HasPrefix(r.URL.Path, "/abort"):
 					w.Header().Set("Content-Length", "10000")
 					w.WriteHeader(http.StatusOK)
-					_, _ = w.Write(review68Body(key, 5000))
+					_, _ = w.Write(deterministicBody(key, 5000))
 					fl.Flush()
 					panic(http.ErrAbortHandler)
 				case strings.HasPrefix(r.URL.Path, "/toolarge"):
-					b := review68Body(key, 100<<10)
+					b := deterministicBody(key, 100<<10)
 					for i := 0; i < len(b); i += 10 << 10 {
 						_, _ = w.Write(b[i : i+10<<10])
 						fl.Flush()
@@ -1195,16 +1195,16 @@ func TestReview68CountReturnsToZeroAcrossPaths(t *testing.T) {
 					w.WriteHeader(http.StatusEarlyHints)
 					w.Header().Del("Link")
 					w.WriteHeader(http.StatusCreated)
-					_, _ = w.Write(review68Body(key, 20000))
+					_, _ = w.Write(deterministicBody(key, 20000))
 				case strings.HasPrefix(r.URL.Path, "/trailer"):
 					w.Header().Set("Trailer", "X-Sum")
-					_, _ = w.Write(review68Body(key, 30000))
+					_, _ = w.Write(deterministicBody(key, 30000))
 					w.Header().Set("X-Sum", "sum-"+key)
 				case strings.HasPrefix(r.URL.Path, "/nobody"):
 					w.WriteHeader(http.StatusNoContent)
 				case strings.HasPrefix(r.URL.Path, "/fail"):
 					w.WriteHeader(http.StatusInternalServerError)
-					_, _ = w.Write(review68Body(key, 20000))
+					_, _ = w.Write(deterministicBody(key, 20000))
 				case strings.HasPrefix(r.URL.Path, "/sse"):
 					w.Header().Set("Content-Type", "text/event-stream")
 					_, _ = io.WriteString(w, "data: one\n\n")
@@ -1261,7 +1261,7 @@ func TestReview68CountReturnsToZeroAcrossPaths(t *testing.T) {
 					r := e.doTo(e.srv, req{path: p, key: key, body: "body-" + key})
 					switch p {
 					case "/big", "/small", "/early", "/trailer", "/leave":
-						want := review68Body(key, map[string]int{"/big": 40000 + len(key), "/leave": 40000 + len(key), "/small": 3000, "/early": 20000, "/trailer": 30000}[p])
+						want := deterministicBody(key, map[string]int{"/big": 40000 + len(key), "/leave": 40000 + len(key), "/small": 3000, "/early": 20000, "/trailer": 30000}[p])
 						if p != "/leave" && (!f.ok || !bytes.Equal(f.body, want)) {
 							t.Errorf("%s first: %d bytes (ok %v), not the upstream's %d", key, len(f.body), f.ok, len(want))
 						}
@@ -1287,7 +1287,7 @@ func TestReview68CountReturnsToZeroAcrossPaths(t *testing.T) {
 	}
 }
 
-// TestReview83EvictedCachedReplaysUncounted (review 83): a replay answered from the
+// TestBufferBudgetEvictedCachedReplaysCounted: a replay answered from the
 // replay cache counts nothing in MAX_BUFFERED_BYTES, on the grounds that
 // "the cache holds it, once" (README, MAX_BUFFERED_BYTES). That holds only
 // while the entry stays in the cache. Once the cache evicts it (the oldest
@@ -1299,7 +1299,7 @@ func TestReview68CountReturnsToZeroAcrossPaths(t *testing.T) {
 // replay without reading it holds any amount of memory, past the README's
 // sizing (about twice MAX_BUFFERED_BYTES plus REPLAY_CACHE_BYTES), while
 // idemproxy_buffered_bytes reads 0 and no request is ever refused.
-func TestReview83EvictedCachedReplaysUncounted(t *testing.T) {
+func TestBufferBudgetEvictedCachedReplaysCounted(t *testing.T) {
 	const (
 		size  = 6 << 20 // above what the kernel's send buffer takes on loopback
 		cache = 64 << 20
@@ -1402,7 +1402,7 @@ func TestReview83EvictedCachedReplaysUncounted(t *testing.T) {
 	}
 }
 
-// TestReview84ObserveForwardHoldsCachedRecord (review 84): in observe mode a
+// TestObserveForwardDoesNotHoldCachedRecord: in observe mode a
 // duplicate of a completed key (would_replay) is forwarded, not replayed;
 // the record Acquire returned is used for its status only. But the handler
 // releases it in a defer that runs when the request ends, so every such
@@ -1411,7 +1411,7 @@ func TestReview83EvictedCachedReplaysUncounted(t *testing.T) {
 // record stays counted "while replays still write it to clients"; these are
 // no replays, yet records held this way fill REPLAY_CACHE_BYTES and the
 // cache keeps nothing more while they last (every replay then reads Redis).
-func TestReview84ObserveForwardHoldsCachedRecord(t *testing.T) {
+func TestObserveForwardDoesNotHoldCachedRecord(t *testing.T) {
 	const (
 		bodySize   = 14 << 10 // under 16 KiB: observe reads it with the claim
 		cacheBytes = 128 << 10
@@ -1573,7 +1573,7 @@ func largeHookProxy(t *testing.T, e *env, opts proxy.Options, onLarge func(n int
 // expires (or is purged) between the 'large' claim and readLarge's second
 // claim, and a new execution of the same request claims it. The duplicate
 // that then finds the key in flight waits for it, as any duplicate on a
-// wait route does, rather than 409 at once (review67).
+// wait route does, rather than 409 at once.
 func TestLargeReplayWaitRouteAfterRecordChanged(t *testing.T) {
 	e := newEnv(t, realBackend, func(o *proxy.Options) { o.MaxBufferedBytes = 32 << 20; o.Default.Wait = 5 * time.Second })
 	big := bytes.Repeat([]byte("L"), 100<<10)
@@ -1617,7 +1617,7 @@ func TestLargeReplayWaitRouteAfterRecordChanged(t *testing.T) {
 // TestLargeReplayChangingRecordIsNotOverload: a record that is larger at each
 // of readLarge's claims (three tries) is answered 503 and never executed,
 // but not as overloaded: neither counted in idemproxy_buffer_full_total nor
-// logged "MAX_BUFFERED_BYTES reached", the budget being empty (review67).
+// logged "MAX_BUFFERED_BYTES reached", the budget being empty.
 func TestLargeReplayChangingRecordIsNotOverload(t *testing.T) {
 	e := newEnv(t, realBackend, func(o *proxy.Options) { o.MaxBufferedBytes = 32 << 20 })
 	recordLarge(t, e, "k")
@@ -1649,7 +1649,7 @@ func TestLargeReplayChangingRecordIsNotOverload(t *testing.T) {
 // TestLargeReplayNoFailOpenAfterLarge: the first claim proves the key completed
 // ('large'); Redis then fails before the second claim. Even with fail_open
 // the request is not forwarded: the upstream would execute a request the
-// proxy had just seen completed (review67).
+// proxy had just seen completed.
 func TestLargeReplayNoFailOpenAfterLarge(t *testing.T) {
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.MaxBufferedBytes = 32 << 20; o.Default.FailOpen = true })
 	recordLarge(t, e, "k")

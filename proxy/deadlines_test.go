@@ -210,21 +210,21 @@ func TestFailedHijackForgetsTheDeadline(t *testing.T) {
 	}
 }
 
-// reviewEOFScript is a request body that answers a scripted list of reads
+// scriptedBody is a request body that answers a scripted list of reads
 // and counts the reads that reached it.
-type reviewEOFScript struct {
+type scriptedBody struct {
 	mu     sync.Mutex
-	steps  []reviewEOFStep
+	steps  []scriptedRead
 	reads  atomic.Int64
 	closed atomic.Bool
 }
 
-type reviewEOFStep struct {
+type scriptedRead struct {
 	data string
 	err  error
 }
 
-func (s *reviewEOFScript) Read(p []byte) (int, error) {
+func (s *scriptedBody) Read(p []byte) (int, error) {
 	s.reads.Add(1)
 	if s.closed.Load() {
 		return 0, http.ErrBodyReadAfterClose
@@ -239,22 +239,22 @@ func (s *reviewEOFScript) Read(p []byte) (int, error) {
 	return copy(p, st.data), st.err
 }
 
-func (s *reviewEOFScript) Close() error { s.closed.Store(true); return nil }
+func (s *scriptedBody) Close() error { s.closed.Store(true); return nil }
 
-func reviewEOFBody(src io.ReadCloser, d time.Duration, fired *atomic.Int64) *idleBody {
+func newIdleBody(src io.ReadCloser, d time.Duration, fired *atomic.Int64) *idleBody {
 	wd := &watchdog{d: d}
 	wd.timer = time.AfterFunc(d, func() { fired.Add(1) })
 	return &idleBody{ReadCloser: src, rc: http.NewResponseController(httptest.NewRecorder()), timeout: time.Second, wd: wd}
 }
 
-// TestReviewEOFUnitLatch: the latch is set by a read that returns data with
+// TestIdleBodyEOFLatch: the latch is set by a read that returns data with
 // io.EOF as well as by (0, io.EOF); later reads never reach the server's
 // body; a non-EOF error (a timeout, a body the server closed before its end)
 // is never turned into io.EOF, so an upload is never silently cut short.
-func TestReviewEOFUnitLatch(t *testing.T) {
+func TestIdleBodyEOFLatch(t *testing.T) {
 	var fired atomic.Int64
-	src := &reviewEOFScript{steps: []reviewEOFStep{{"ab", nil}, {"cd", io.EOF}}}
-	b := reviewEOFBody(src, time.Hour, &fired)
+	src := &scriptedBody{steps: []scriptedRead{{"ab", nil}, {"cd", io.EOF}}}
+	b := newIdleBody(src, time.Hour, &fired)
 	defer b.wd.stop()
 	got, err := io.ReadAll(b)
 	if string(got) != "abcd" || err != nil {
@@ -272,8 +272,8 @@ func TestReviewEOFUnitLatch(t *testing.T) {
 	}
 
 	// Closed before its end: the error stays an error on every read.
-	src2 := &reviewEOFScript{steps: []reviewEOFStep{{"ab", nil}, {"cd", nil}}}
-	b2 := reviewEOFBody(src2, time.Hour, &fired)
+	src2 := &scriptedBody{steps: []scriptedRead{{"ab", nil}, {"cd", nil}}}
+	b2 := newIdleBody(src2, time.Hour, &fired)
 	defer b2.wd.stop()
 	if n, err := b2.Read(make([]byte, 2)); n != 2 || err != nil {
 		t.Fatal(n, err)
@@ -286,8 +286,8 @@ func TestReviewEOFUnitLatch(t *testing.T) {
 	}
 
 	// A timeout, then more data, then the end: not latched by the timeout.
-	src3 := &reviewEOFScript{steps: []reviewEOFStep{{"", os.ErrDeadlineExceeded}, {"xy", nil}, {"", io.EOF}}}
-	b3 := reviewEOFBody(src3, time.Hour, &fired)
+	src3 := &scriptedBody{steps: []scriptedRead{{"", os.ErrDeadlineExceeded}, {"xy", nil}, {"", io.EOF}}}
+	b3 := newIdleBody(src3, time.Hour, &fired)
 	defer b3.wd.stop()
 	if _, err := b3.Read(make([]byte, 2)); !isTimeout(err) || !b3.timedOut.Load() {
 		t.Fatalf("timeout read: %v timedOut=%v", err, b3.timedOut.Load())
@@ -300,14 +300,14 @@ func TestReviewEOFUnitLatch(t *testing.T) {
 	}
 }
 
-// TestReviewEOFUnitWatchdogNotExtended: after the body's end, late reads
+// TestIdleBodyLateReadsDoNotExtendWatchdog: after the body's end, late reads
 // neither pause nor reset the watchdog (before 06d58fc each one reset it:
 // a reader that kept reading past the end would have kept an upstream that
 // never answers alive); it fires UPSTREAM_TIMEOUT after the last real read.
-func TestReviewEOFUnitWatchdogNotExtended(t *testing.T) {
+func TestIdleBodyLateReadsDoNotExtendWatchdog(t *testing.T) {
 	var fired atomic.Int64
-	src := &reviewEOFScript{steps: []reviewEOFStep{{"ab", io.EOF}}}
-	b := reviewEOFBody(src, 200*time.Millisecond, &fired)
+	src := &scriptedBody{steps: []scriptedRead{{"ab", io.EOF}}}
+	b := newIdleBody(src, 200*time.Millisecond, &fired)
 	defer b.wd.stop()
 	start := time.Now()
 	_, _ = b.Read(make([]byte, 4))
@@ -320,14 +320,14 @@ func TestReviewEOFUnitWatchdogNotExtended(t *testing.T) {
 	}
 }
 
-// TestReviewEOFUnitRace: Close racing Read, and the hand-off of reads
+// TestIdleBodyCloseRacingRead: Close racing Read, and the hand-off of reads
 // between goroutines as the Transport's probeRequestBody does it (a
 // channel between them), are clean under -race.
-func TestReviewEOFUnitRace(t *testing.T) {
+func TestIdleBodyCloseRacingRead(t *testing.T) {
 	var fired atomic.Int64
 	for range 50 {
-		src := &reviewEOFScript{steps: []reviewEOFStep{{"a", nil}, {"b", nil}, {"c", io.EOF}}}
-		b := reviewEOFBody(src, time.Hour, &fired)
+		src := &scriptedBody{steps: []scriptedRead{{"a", nil}, {"b", nil}, {"c", io.EOF}}}
+		b := newIdleBody(src, time.Hour, &fired)
 		ch := make(chan struct{})
 		go func() { _, _ = b.Read(make([]byte, 1)); close(ch) }()
 		var wg sync.WaitGroup

@@ -1463,7 +1463,7 @@ func mustRoutes(t *testing.T, spec string) []proxy.Route {
 	return rs
 }
 
-// TestReview12UnknownCountedOncePerKey: idemproxy_unknown_outcomes_total
+// TestUnknownCountedOncePerKey: idemproxy_unknown_outcomes_total
 // counts "keys that entered the state unknown". Here one key enters it
 // once: its claim's lock expires on Redis's clock while the first request
 // is still waiting for the upstream (Redis's clock jumped ahead, e.g. a
@@ -1474,7 +1474,7 @@ func mustRoutes(t *testing.T, spec string) []proxy.Route {
 // "ok" for that (cur[1] == ARGV[6]), and hold() counts upstream_timeout a
 // second time for the same key: alerts on the counter see two unknown keys
 // where an operator will find one.
-func TestReview12UnknownCountedOncePerKey(t *testing.T) {
+func TestUnknownCountedOncePerKey(t *testing.T) {
 	e := newEnv(t, miniBackend, hold) // UPSTREAM_TIMEOUT 300ms, LOCK_TTL 400ms
 	g := newGate()
 	defer g.open()
@@ -1509,7 +1509,7 @@ func TestReview12UnknownCountedOncePerKey(t *testing.T) {
 	}
 }
 
-// TestReview12HoldSlowOriginalReleaseWins: the README's rule "a known
+// TestHoldSlowOriginalReleaseWins: the README's rule "a known
 // answer is strictly better than unknown" (script result late) covers a
 // slow original that completes, not one that releases. The original's
 // lock expires (here: Redis's clock jumps), a retry holds the key as
@@ -1520,7 +1520,7 @@ func TestReview12UnknownCountedOncePerKey(t *testing.T) {
 // outcome-unknown until an operator purges a key whose outcome is known.
 // release.lua should accept its own token on a 'u' record as complete.lua
 // does.
-func TestReview12HoldSlowOriginalReleaseWins(t *testing.T) {
+func TestHoldSlowOriginalReleaseWins(t *testing.T) {
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.Default.Hold = true
 		o.UpstreamTimeout = 2 * time.Second
@@ -1695,8 +1695,8 @@ func TestRequestAboveInfoLevel(t *testing.T) {
 	}
 }
 
-// reviewRLLogLines parses the proxy's JSON log.
-func reviewRLLogLines(t *testing.T, logs *testutil.SyncBuffer) []map[string]any {
+// logLines parses the proxy's JSON log.
+func logLines(t *testing.T, logs *testutil.SyncBuffer) []map[string]any {
 	t.Helper()
 	var out []map[string]any
 	sc := bufio.NewScanner(strings.NewReader(logs.String()))
@@ -1710,13 +1710,13 @@ func reviewRLLogLines(t *testing.T, logs *testutil.SyncBuffer) []map[string]any 
 	return out
 }
 
-// reviewRLAccessID is the request_id of the (only) access-log line, once
+// accessLogID is the request_id of the (only) access-log line, once
 // it is written.
-func reviewRLAccessID(t *testing.T, logs *testutil.SyncBuffer) string {
+func accessLogID(t *testing.T, logs *testutil.SyncBuffer) string {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		for _, l := range reviewRLLogLines(t, logs) {
+		for _, l := range logLines(t, logs) {
 			if l["message"] == "request" {
 				id, _ := l["request_id"].(string)
 				return id
@@ -1729,14 +1729,14 @@ func reviewRLAccessID(t *testing.T, logs *testutil.SyncBuffer) string {
 	}
 }
 
-// TestReviewRLKeyedEarlyHintsThenFailureKeepsRequestID: the upstream sends
+// TestKeyedEarlyHintsThenFailureKeepsRequestID: the upstream sends
 // 103 Early Hints, then breaks off before a final answer. ReverseProxy
 // clears the header map after relaying a 1xx; the keyed path restores the
 // proxy's headers only in exchange.WriteHeader, and execute writes the
 // failure's problem (502) straight to the client's writer: the answer
 // carries no X-Request-Id (and no Idempotency-Key echo), so the client
 // cannot name the request whose outcome is now unknown.
-func TestReviewRLKeyedEarlyHintsThenFailureKeepsRequestID(t *testing.T) {
+func TestKeyedEarlyHintsThenFailureKeepsRequestID(t *testing.T) {
 	e := newEnv(t, miniBackend, nil)
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.ReadAll(r.Body)
@@ -1752,7 +1752,7 @@ func TestReviewRLKeyedEarlyHintsThenFailureKeepsRequestID(t *testing.T) {
 	if r.StatusCode < 500 {
 		t.Fatalf("status %d, want the upstream failure's 5xx: %s", r.StatusCode, r.body)
 	}
-	id := reviewRLAccessID(t, e.logs)
+	id := accessLogID(t, e.logs)
 	if got := r.Header.Values(proxy.RequestIDHeader); len(got) != 1 || got[0] != id {
 		t.Errorf("%d answer after a 103: X-Request-Id %q, want [%q] (the access-log line's request_id)", r.StatusCode, got, id)
 	}
@@ -1761,13 +1761,13 @@ func TestReviewRLKeyedEarlyHintsThenFailureKeepsRequestID(t *testing.T) {
 	}
 }
 
-// TestReviewRLUpgradeReplacesUpstreamRequestID: a 101 is written by
+// TestUpgradeReplacesUpstreamRequestID: a 101 is written by
 // ReverseProxy itself on the hijacked connection (handleUpgradeResponse
 // adds the upstream's headers to the proxy's and never calls WriteHeader),
 // so statusWriter never restores the proxy's id: an upstream that sends
 // X-Request-Id on its 101 (most frameworks do on every answer) gives the
 // client two ids.
-func TestReviewRLUpgradeReplacesUpstreamRequestID(t *testing.T) {
+func TestUpgradeReplacesUpstreamRequestID(t *testing.T) {
 	routes, err := proxy.ParseRoutes("GET /ws upgrade")
 	if err != nil {
 		t.Fatal(err)
@@ -1796,15 +1796,15 @@ func TestReviewRLUpgradeReplacesUpstreamRequestID(t *testing.T) {
 	if resp.StatusCode != http.StatusSwitchingProtocols {
 		t.Fatalf("status %d, want 101", resp.StatusCode)
 	}
-	id := reviewRLAccessID(t, e.logs)
+	id := accessLogID(t, e.logs)
 	if got := resp.Header.Values(proxy.RequestIDHeader); len(got) != 1 || got[0] != id {
 		t.Errorf("101: X-Request-Id %q, want [%q] (the access-log line's request_id only)", got, id)
 	}
 }
 
-// review14gStringReplica starts a second replica on e's Redis, as
+// startStringReplica starts a second replica on e's Redis, as
 // RECORD_FORMAT=string wires it (main.go: claim.StringRecords).
-func review14gStringReplica(e *env, opts proxy.Options) *httptest.Server {
+func startStringReplica(e *env, opts proxy.Options) *httptest.Server {
 	e.t.Helper()
 	reg := prometheus.NewRegistry()
 	metrics := proxy.NewMetrics(reg)
@@ -1819,7 +1819,7 @@ func review14gStringReplica(e *env, opts proxy.Options) *httptest.Server {
 	return srv
 }
 
-// TestReview14gStringReplicaReexecutesHashRecord: the README's step 2 of the
+// TestStringReplicaReplaysHashRecordWhileWritesRefused: the README's step 2 of the
 // record format rollout (set RECORD_FORMAT=string with a rolling restart;
 // hash records stay for one TTL). A payment was executed and recorded by a
 // hash replica. Redis then refuses writes but answers and still has every
@@ -1831,7 +1831,7 @@ func review14gStringReplica(e *env, opts proxy.Options) *httptest.Server {
 // hash; Redis refuses that write (NOREPLICAS, READONLY), which counts as an
 // outage, and FAIL_MODE=open forwards the completed payment: it executes
 // twice.
-func TestReview14gStringReplicaReexecutesHashRecord(t *testing.T) {
+func TestStringReplicaReplaysHashRecordWhileWritesRefused(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
 		refuse, allow func(context.Context, *env) error
@@ -1853,7 +1853,7 @@ func TestReview14gStringReplicaReexecutesHashRecord(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, realBackend, func(o *proxy.Options) { o.Default.FailOpen = true })
-			str := review14gStringReplica(e, e.opts)
+			str := startStringReplica(e, e.opts)
 			ctx := context.Background()
 
 			first := e.do(req{key: "pay-1", body: `{"amount":100}`})
@@ -1880,14 +1880,14 @@ func TestReview14gStringReplicaReexecutesHashRecord(t *testing.T) {
 	}
 }
 
-// TestReview14gStringReplicaOOMRefusesReplay: the same with Redis full under
+// TestStringReplicaReplaysHashRecordWithRedisFull: the same with Redis full under
 // noeviction (FAIL_MODE=closed). The README: a full Redis refuses the claim
 // of a first request (503); a retry of a recorded key is still answered
 // from its record, by a hash replica. A string replica answers 503 to the
 // retry of every key recorded as a hash.
-func TestReview14gStringReplicaOOMRefusesReplay(t *testing.T) {
+func TestStringReplicaReplaysHashRecordWithRedisFull(t *testing.T) {
 	e := newEnv(t, realBackend, nil)
-	str := review14gStringReplica(e, e.opts)
+	str := startStringReplica(e, e.opts)
 	ctx := context.Background()
 
 	if r := e.do(req{key: "pay-2", body: "b"}); r.StatusCode != http.StatusCreated {
@@ -1909,7 +1909,7 @@ func TestReview14gStringReplicaOOMRefusesReplay(t *testing.T) {
 	}
 }
 
-// TestReview16HalfClosedClientGetsNoFakeSuccess: a client that sends its
+// TestHalfClosedClientGetsNoFakeSuccess: a client that sends its
 // whole request, half-closes (shutdown write: "I have nothing more to
 // send") and waits for the answer is not told 200 OK for a forward that
 // was abandoned. net/http cancels the request on the half-close (its
@@ -1917,7 +1917,7 @@ func TestReview14gStringReplicaOOMRefusesReplay(t *testing.T) {
 // net/http finishes the request with its implicit "200 OK", Content-Length
 // 0 -- a success, while the access log and idemproxy_responses_total say 499
 // and the upstream (non-idempotent, no key) may have executed the request.
-func TestReview16HalfClosedClientGetsNoFakeSuccess(t *testing.T) {
+func TestHalfClosedClientGetsNoFakeSuccess(t *testing.T) {
 	for _, tc := range []struct{ name, req string }{
 		{"HTTP/1.1 with a body", "POST /v1/orders HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nb"},
 		{"HTTP/1.1 without a body", "POST /v1/orders HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"},
@@ -1959,13 +1959,13 @@ func TestReview16HalfClosedClientGetsNoFakeSuccess(t *testing.T) {
 	}
 }
 
-// TestReview16HalfClosedKeyedWaiterGetsNoFakeSuccess: the same for the
+// TestHalfClosedKeyedWaiterGetsNoFakeSuccess: the same for the
 // keyed duplicate that waits (WAIT_TIMEOUT) for an in-flight first request,
 // which the README's new paragraph also calls 499: its answer (typ "")
 // writes nothing, and net/http's implicit 200 reaches a client that
 // half-closed and is still reading. Pre-existing (claimAnswer's 499), but
 // the same "499 writes nothing" that d340fa7 extends to pass-through.
-func TestReview16HalfClosedKeyedWaiterGetsNoFakeSuccess(t *testing.T) {
+func TestHalfClosedKeyedWaiterGetsNoFakeSuccess(t *testing.T) {
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Default.Wait = 30 * time.Second })
 	g := newGate()
 	defer g.open()

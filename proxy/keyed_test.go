@@ -172,7 +172,7 @@ func dialSmallRcvbuf(t *testing.T, addr string) net.Conn {
 	return c
 }
 
-// TestReviewDLKeyedEarlyHintsToStalledClientStillRecorded: a keyed request
+// TestKeyedEarlyHintsToStalledClientStillRecorded: a keyed request
 // whose upstream answers at once, with a 103 Early Hints (a large Link
 // header, as a page with many preloads sends) and then 201. The client
 // stalls and does not read. The README ("A client that cannot take the
@@ -191,7 +191,7 @@ func dialSmallRcvbuf(t *testing.T, addr string) net.Conn {
 // lock expires, executes again). Meanwhile the handler goroutine writes its
 // 504 to the same ResponseWriter and result (writeBy) while readLoop is
 // still inside its write: run with -race, the detector reports it.
-func TestReviewDLKeyedEarlyHintsToStalledClientStillRecorded(t *testing.T) {
+func TestKeyedEarlyHintsToStalledClientStillRecorded(t *testing.T) {
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.UpstreamTimeout = time.Second
 		o.Default.LockTTL = 4 * time.Second
@@ -349,7 +349,7 @@ func TestReplayEchoWinsOnHeaderRoute(t *testing.T) {
 	})
 }
 
-// TestReview16bRecorded499ReplayIsAnswered: answer.write now abandons the
+// TestRecorded499ReplayIsAnswered: answer.write now abandons the
 // connection (panic(http.ErrAbortHandler)) for any answer whose status is
 // 499, not only for the proxy's own "client left" answer. An upstream may
 // answer 499 itself (grpc-gateway and ESPv2 map gRPC CANCELLED to 499, some
@@ -360,7 +360,7 @@ func TestReplayEchoWinsOnHeaderRoute(t *testing.T) {
 // until the record's TTL, and the access log and metrics say "client
 // closed". Before 9544416 it was told 499 response-not-stored, as for any
 // other recorded status.
-func TestReview16bRecorded499ReplayIsAnswered(t *testing.T) {
+func TestRecorded499ReplayIsAnswered(t *testing.T) {
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.MaxStoredBytes = 16 })
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(499)
@@ -460,7 +460,7 @@ func TestIsEventStream(t *testing.T) {
 	}
 }
 
-// TestReview14bIsEventStreamAgreesWithParseMediaType: dccc30a's pre-check
+// TestIsEventStreamAgreesWithParseMediaType: dccc30a's pre-check
 // ("ParseMediaType trims only spaces before the type") trims only spaces
 // and tabs, but mime.ParseMediaType trims with strings.TrimSpace: U+00A0
 // and U+0085 too (and \v, \f, which net/http's client already refuses in
@@ -471,7 +471,7 @@ func TestIsEventStream(t *testing.T) {
 // an event stream yet buffered and recorded, where before dccc30a it was
 // recorded without its body. The test of dccc30a states the contract:
 // "its allocation-free pre-check must agree with the media type".
-func TestReview14bIsEventStreamAgreesWithParseMediaType(t *testing.T) {
+func TestIsEventStreamAgreesWithParseMediaType(t *testing.T) {
 	for _, ct := range []string{
 		"text/event-stream",
 		" \ttext/event-stream; charset=utf-8",

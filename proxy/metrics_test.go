@@ -27,13 +27,13 @@ func TestUpstreamDurationByClass(t *testing.T) {
 	}
 }
 
-// review14f: the proxy handles an upstream status of 600-999 as a server
+// TestReleasedHighStatusCountsAsFailure: the proxy handles an upstream status of 600-999 as a server
 // failure: recordAnswer releases it like a 5xx (ON_5XX=release, the
 // default) and the trace marks it an error. Before 83b900a such an answer was
 // counted under code_class "error"; now it is "6xx".."9xx", a class no
 // dashboard panel ("2xx..5xx, and error") or alert on code_class=~"5xx|error"
 // looks at, so answers the proxy released as failures vanish from them.
-func TestReview14fReleasedHighStatusCountsAsFailure(t *testing.T) {
+func TestReleasedHighStatusCountsAsFailure(t *testing.T) {
 	e := newEnv(t, miniBackend, nil)
 	var status atomic.Int64
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(int(status.Load())) })

@@ -287,7 +287,7 @@ func slowPost(t *testing.T, e *env, key string, pieces []string, pause time.Dura
 	return resp.StatusCode, string(b)
 }
 
-// TestReview12ObserveSlowBodyForwardedWhole: in observe mode a keyed body
+// TestObserveSlowBodyForwardedWhole: in observe mode a keyed body
 // that keeps flowing but takes longer in all than REQUEST_READ_TIMEOUT is,
 // per the README ("a body ... too slow; such a request is forwarded
 // unclaimed, its body whole") and the contract ("changes no answer"),
@@ -297,7 +297,7 @@ func slowPost(t *testing.T, e *env, key string, pieces []string, pause time.Dura
 // cancels the request's context on that read error, and the forward that
 // follows fails: the client gets the proxy's own error, not the upstream's
 // answer, and the upstream never sees the request.
-func TestReview12ObserveSlowBodyForwardedWhole(t *testing.T) {
+func TestObserveSlowBodyForwardedWhole(t *testing.T) {
 	for _, chunked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
 			e := newEnv(t, miniBackend, func(o *proxy.Options) {
@@ -331,7 +331,7 @@ func TestReview12ObserveSlowBodyForwardedWhole(t *testing.T) {
 	}
 }
 
-// TestReview12ObserveUpstreamFailureDetailTellsTheTruth: on an observed
+// TestObserveUpstreamFailureDetailTellsTheTruth: on an observed
 // route the first request's upstream times out. The proxy writes its own
 // 504 (as a pass-through would), but its detail is enforce's promise:
 // with unknown=hold "it is not executed again: retries with this key get
@@ -341,7 +341,7 @@ func TestReview12ObserveSlowBodyForwardedWhole(t *testing.T) {
 // shows: a client author reading the detail is told the opposite of what
 // happens. Observe should not describe enforcement it does not do (the
 // pass-through's plain detail, or one that says the route only observes).
-func TestReview12ObserveUpstreamFailureDetailTellsTheTruth(t *testing.T) {
+func TestObserveUpstreamFailureDetailTellsTheTruth(t *testing.T) {
 	for _, unknown := range []string{"hold", "expire"} {
 		t.Run(unknown, func(t *testing.T) {
 			e := newEnv(t, miniBackend, func(o *proxy.Options) {
@@ -370,19 +370,19 @@ func TestReview12ObserveUpstreamFailureDetailTellsTheTruth(t *testing.T) {
 	}
 }
 
-// reviewEOFLateTransport answers its first `plain` calls at once (201, body
+// lateTransport answers its first `plain` calls at once (201, body
 // read whole), and every later call as lateCheckTransport does: the answer
 // is handed back after Content-Length bytes, and the Transport's extra read
 // (transfer.go writeBody, nextra) happens only once the client has the
 // answer's headers; an error there cuts the answer, as the Transport does.
-type reviewEOFLateTransport struct {
+type lateTransport struct {
 	plain            int64
 	calls            *atomic.Int64
 	clientHasHeaders chan struct{}
 	checkErr         chan error
 }
 
-func (l reviewEOFLateTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+func (l lateTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if l.calls.Add(1) <= l.plain {
 		b, err := io.ReadAll(r.Body)
 		if err != nil {
@@ -399,7 +399,7 @@ func (l reviewEOFLateTransport) RoundTrip(r *http.Request) (*http.Response, erro
 	return lateCheckTransport{clientHasHeaders: l.clientHasHeaders, checkErr: l.checkErr}.RoundTrip(r)
 }
 
-// TestReviewEOFObserveDuplicateLateRead: in observe mode a duplicate (same
+// TestObserveDuplicateLateRead: in observe mode a duplicate (same
 // key, same body) is forwarded with the body readBody consumed in memory
 // put back in front of the server's body (unreadBody: MultiReader(prefix,
 // r.Body)). The server's body was read to its end by readBody, so when the
@@ -410,7 +410,7 @@ func (l reviewEOFLateTransport) RoundTrip(r *http.Request) (*http.Response, erro
 // server body: "http: invalid Read on closed Body", and the Transport drops
 // the connection the streamed answer comes on. The fix of 06d58fc covers a
 // body read through idleBody to its end, not this one.
-func TestReviewEOFObserveDuplicateLateRead(t *testing.T) {
+func TestObserveDuplicateLateRead(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		body string
@@ -419,7 +419,7 @@ func TestReviewEOFObserveDuplicateLateRead(t *testing.T) {
 		{"would_mismatch", `{"event":"pong"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			lt := reviewEOFLateTransport{plain: 1, calls: new(atomic.Int64), clientHasHeaders: make(chan struct{}), checkErr: make(chan error, 1)}
+			lt := lateTransport{plain: 1, calls: new(atomic.Int64), clientHasHeaders: make(chan struct{}), checkErr: make(chan error, 1)}
 			e := newEnv(t, miniBackend, func(o *proxy.Options) {
 				observe(o)
 				o.Transport = lt
@@ -455,11 +455,11 @@ func TestReviewEOFObserveDuplicateLateRead(t *testing.T) {
 	}
 }
 
-// reviewEOFHoldCheck wraps a request body as a loaded machine orders it:
+// holdCheck wraps a request body as a loaded machine orders it:
 // once the Transport has had Content-Length bytes, its next read (the check
 // read of transfer.go writeBody) waits until the client has the answer's
 // headers, then goes to the real body.
-type reviewEOFHoldCheck struct {
+type holdCheck struct {
 	io.ReadCloser
 	left      int64
 	hold      <-chan struct{}
@@ -467,7 +467,7 @@ type reviewEOFHoldCheck struct {
 	checkDone chan struct{}
 }
 
-func (b *reviewEOFHoldCheck) Read(p []byte) (int, error) {
+func (b *holdCheck) Read(p []byte) (int, error) {
 	if b.left > 0 {
 		if int64(len(p)) > b.left {
 			p = p[:b.left]
@@ -490,7 +490,7 @@ func (b *reviewEOFHoldCheck) Read(p []byte) (int, error) {
 	return n, err
 }
 
-type reviewEOFHoldTransport struct {
+type holdTransport struct {
 	rt        http.RoundTripper
 	late      func(r *http.Request) bool
 	hold      chan struct{}
@@ -498,20 +498,20 @@ type reviewEOFHoldTransport struct {
 	checkDone chan struct{}
 }
 
-func (h reviewEOFHoldTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+func (h holdTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if h.late(r) && r.Body != nil && r.ContentLength > 0 {
 		r = r.Clone(r.Context())
-		r.Body = &reviewEOFHoldCheck{ReadCloser: r.Body, left: r.ContentLength, hold: h.hold, checkErr: h.checkErr, checkDone: h.checkDone}
+		r.Body = &holdCheck{ReadCloser: r.Body, left: r.ContentLength, hold: h.hold, checkErr: h.checkErr, checkDone: h.checkDone}
 	}
 	return h.rt.RoundTrip(r)
 }
 
-// TestReviewEOFRealTransportLateCheck: the same order with net/http's own
+// TestLateCheckReadWithRealTransport: the same order with net/http's own
 // Transport and a real upstream that streams its answer. pass-through is the
 // case 06d58fc fixed (it passes); observe-duplicate is the in-memory prefix
 // of unreadBody (it fails: the Transport drops the upstream connection and
 // the client's stream is cut).
-func TestReviewEOFRealTransportLateCheck(t *testing.T) {
+func TestLateCheckReadWithRealTransport(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		observe bool
@@ -522,7 +522,7 @@ func TestReviewEOFRealTransportLateCheck(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var calls atomic.Int64
-			ht := reviewEOFHoldTransport{
+			ht := holdTransport{
 				rt:        proxy.NewTransport(),
 				late:      func(*http.Request) bool { return calls.Add(1) == 2 || !tc.observe },
 				hold:      make(chan struct{}),

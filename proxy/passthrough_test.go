@@ -643,7 +643,7 @@ func TestPassthroughBodyStalledBeforeTheAnswer(t *testing.T) {
 // TestPassthroughKeepAliveAfterWholeBody: an answer that comes after the
 // whole body (as nearly every upstream answers) leaves the connection open
 // for the next request, chunked or with a length; only an answer before the
-// body is all in closes it (TestReview16dCompleteAnswerThenBodyStall).
+// body is all in closes it (TestCompleteAnswerThenBodyStall).
 func TestPassthroughKeepAliveAfterWholeBody(t *testing.T) {
 	e := newEnv(t, miniBackend, nil)
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
@@ -735,7 +735,7 @@ func streamEarly(answered chan<- struct{}, ticks int) http.HandlerFunc {
 	}
 }
 
-// TestReview16cClientBodyBreakIsNotUpstreamsBreak: a pass-through upstream
+// TestClientBodyBreakIsNotUpstreamsBreak: a pass-through upstream
 // that answers before the whole request body arrived (full duplex: it
 // streams its answer while the client is still sending) is healthy; the
 // client then sends malformed chunked framing. The proxy's Transport fails
@@ -747,7 +747,7 @@ func streamEarly(answered chan<- struct{}, ticks int) http.HandlerFunc {
 // that cannot be read is the client's fault, 400 body-unreadable, not an
 // upstream warning). Before 393c334 only ReverseProxy's own level-less
 // line said it, without blaming anyone.
-func TestReview16cClientBodyBreakIsNotUpstreamsBreak(t *testing.T) {
+func TestClientBodyBreakIsNotUpstreamsBreak(t *testing.T) {
 	// The answer must reach the proxy before the bad chunk does: each
 	// attempt gives it longer (a set-up delay; the 200 checks it took).
 	const attempts = 10
@@ -790,7 +790,7 @@ func TestReview16cClientBodyBreakIsNotUpstreamsBreak(t *testing.T) {
 	t.Fatalf("in %d attempts the client's bad chunk always arrived before the answer", attempts)
 }
 
-// TestReview16dCompleteAnswerThenBodyStall: an upstream answers in full
+// TestCompleteAnswerThenBodyStall: an upstream answers in full
 // (Content-Length) before it has the whole request body, and the client's
 // body then stalls. The passthrough's deferred func clears the read
 // deadline when the handler returns; net/http then flushes the answer only
@@ -798,7 +798,7 @@ func TestReview16cClientBodyBreakIsNotUpstreamsBreak(t *testing.T) {
 // that now has no deadline. The client never gets the complete 200 and the
 // connection is held, past REQUEST_READ_TIMEOUT, for as long as the client
 // keeps it open; nothing is logged but the access line's 200.
-func TestReview16dCompleteAnswerThenBodyStall(t *testing.T) {
+func TestCompleteAnswerThenBodyStall(t *testing.T) {
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.UpstreamTimeout = time.Second
 		o.RequestReadTimeout = 300 * time.Millisecond
@@ -834,14 +834,14 @@ func TestReview16dCompleteAnswerThenBodyStall(t *testing.T) {
 	}
 }
 
-// TestReview16dFullDuplexBodyReachesUpstreamWhole: an upstream that answers
+// TestFullDuplexBodyReachesUpstreamWhole: an upstream that answers
 // (and flushes) before it has read the whole body, then reads the rest
 // (the full duplex case 0d91a08 is about). The proxy's server is not in
 // full-duplex mode: when the answer's headers are flushed, net/http
 // discards the request body still to come (up to 256 KiB) on the handler's
 // goroutine, racing the Transport, which forwards it. The upstream gets a
 // body with holes and answers 200 as if it were whole.
-func TestReview16dFullDuplexBodyReachesUpstreamWhole(t *testing.T) {
+func TestFullDuplexBodyReachesUpstreamWhole(t *testing.T) {
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.UpstreamTimeout = 5 * time.Second })
 	got := make(chan int64, 1)
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
@@ -876,7 +876,7 @@ func TestReview16dFullDuplexBodyReachesUpstreamWhole(t *testing.T) {
 	}
 }
 
-// TestReview16eUpstreamDownKeepsConnection: the upstream refuses the
+// TestUpstreamDownKeepsConnection: the upstream refuses the
 // connection (down, or restarting in a deploy) and a pass-through request
 // with a body, sent whole by the client, gets the proxy's 502. The
 // Transport never read the body: it closed it, and net/http's server body
@@ -886,7 +886,7 @@ func TestReview16dFullDuplexBodyReachesUpstreamWhole(t *testing.T) {
 // upstream is down is dropped, where before 44bf381 it was kept (net/http
 // saw the body closed at its end and reused the connection). A GET, with no
 // body, keeps it still.
-func TestReview16eUpstreamDownKeepsConnection(t *testing.T) {
+func TestUpstreamDownKeepsConnection(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -915,7 +915,7 @@ func TestReview16eUpstreamDownKeepsConnection(t *testing.T) {
 	}
 }
 
-// TestReviewPTEarlyHintsThenContinue: a pass-through request with
+// TestEarlyHintsThenContinue: a pass-through request with
 // "Expect: 100-continue" (curl sends it for any body over 1 MiB) to an
 // upstream that sends 103 Early Hints at once and reads the body later.
 // The Transport forwards the Expect and waits ExpectContinueTimeout (1 s,
@@ -932,11 +932,11 @@ func TestReview16eUpstreamDownKeepsConnection(t *testing.T) {
 // 78a664a the 103 was written under UPSTREAM_TIMEOUT and the 100 went
 // through. (Needs UPSTREAM_TIMEOUT below about 1.8 s.)
 // Fixed: the ordinary deadline is put back once the 1xx is written.
-func TestReviewPTEarlyHintsThenContinue(t *testing.T) {
+func TestEarlyHintsThenContinue(t *testing.T) {
 	earlyHintsThenContinue(t, 1500*time.Millisecond)
 }
 
-// TestReviewPTEarlyHintsContinueRace: the same exchange with UPSTREAM_TIMEOUT
+// TestEarlyHintsContinueRace: the same exchange with UPSTREAM_TIMEOUT
 // 5 s, where every deadline holds and the client gets 103, 100 and 201. Run
 // with -race it fails: ReverseProxy relays the 103 from the Transport's
 // readLoop goroutine (statusWriter.WriteHeader → response.WriteHeader,
@@ -950,7 +950,7 @@ func TestReviewPTEarlyHintsThenContinue(t *testing.T) {
 // the body under the lock a relayed 1xx holds (statusWriter.informational).
 // It failed 2 of 3 runs before; 5 of 5 passed with the fix alone (without
 // the re-arm after a 1xx, which hides the race from the detector too).
-func TestReviewPTEarlyHintsContinueRace(t *testing.T) {
+func TestEarlyHintsContinueRace(t *testing.T) {
 	earlyHintsThenContinue(t, 5*time.Second)
 }
 
@@ -1018,7 +1018,7 @@ func earlyHintsThenContinue(t *testing.T, upstreamTimeout time.Duration) {
 	}
 }
 
-// TestReviewPTEarlyHintsDuringPausedUpload: a pass-through upload whose
+// TestEarlyHintsDuringPausedUpload: a pass-through upload whose
 // client pauses between two pieces of its body for longer than
 // UPSTREAM_TIMEOUT but well within REQUEST_READ_TIMEOUT (legal: the README
 // bounds a streamed body only "between reads" by REQUEST_READ_TIMEOUT, and
@@ -1036,7 +1036,7 @@ func earlyHintsThenContinue(t *testing.T, upstreamTimeout time.Duration) {
 // through. While paused, the upstream has at least UPSTREAM_TIMEOUT left.
 // Fixed: a paused watchdog leaves the upstream all of UPSTREAM_TIMEOUT
 // (watchdog.left).
-func TestReviewPTEarlyHintsDuringPausedUpload(t *testing.T) {
+func TestEarlyHintsDuringPausedUpload(t *testing.T) {
 	const d = 500 * time.Millisecond
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.UpstreamTimeout = d
@@ -1181,14 +1181,14 @@ func continueAfterLargeHints(t *testing.T, framing, body string) {
 	t.Fatalf("answers %v: no final answer", codes)
 }
 
-// TestReviewPT2LengthContinueAfterLargeHints: control, a body with a
+// TestLengthBodyContinueAfterLargeHints: control, a body with a
 // Content-Length: the commit's empty first read under
 // statusWriter.informational orders the 100 after the 103. Passes.
-func TestReviewPT2LengthContinueAfterLargeHints(t *testing.T) {
+func TestLengthBodyContinueAfterLargeHints(t *testing.T) {
 	continueAfterLargeHints(t, "Content-Length: 1", "b")
 }
 
-// TestReviewPT2ChunkedContinueAfterLargeHints: the same with a chunked body
+// TestChunkedBodyContinueAfterLargeHints: the same with a chunked body
 // (curl sends "Expect: 100-continue" for an upload of unknown size, which it
 // sends chunked). net/http wraps it in expectContinueReader all the same
 // (server.go: req.ContentLength != 0, and it is -1), but passthrough.go
@@ -1196,17 +1196,17 @@ func TestReviewPT2LengthContinueAfterLargeHints(t *testing.T) {
 // written into the bufio.Writer the readLoop is flushing the 103 through:
 // the 103's header is corrupted on the wire (or -race reports the two
 // goroutines writing conn.bufw).
-func TestReviewPT2ChunkedContinueAfterLargeHints(t *testing.T) {
+func TestChunkedBodyContinueAfterLargeHints(t *testing.T) {
 	continueAfterLargeHints(t, "Transfer-Encoding: chunked", "1\r\nb\r\n0\r\n\r\n")
 }
 
-// TestReviewPT2ExpectRejectedBeforeBody: an upstream that rejects a
+// TestExpectRejectedBeforeBody: an upstream that rejects a
 // pass-through "Expect: 100-continue" request (Content-Length, so the empty
 // first read applies) before reading its body. The client sends only its
 // headers and must get the 401 at once, with no 100 Continue before it: the
 // Transport does not read the body, so the empty read never runs.
 // (Passes: checked sound.)
-func TestReviewPT2ExpectRejectedBeforeBody(t *testing.T) {
+func TestExpectRejectedBeforeBody(t *testing.T) {
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.UpstreamTimeout = 5 * time.Second })
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", "0")
@@ -1228,7 +1228,7 @@ func TestReviewPT2ExpectRejectedBeforeBody(t *testing.T) {
 	}
 }
 
-// TestReviewPT2ExpectHTTP10NoContinue: an HTTP/1.0 request with "Expect:
+// TestExpectFromHTTP10GetsNoContinue: an HTTP/1.0 request with "Expect:
 // 100-continue" and a Content-Length. net/http does not wrap its body
 // (server.go: ProtoAtLeast(1, 1)), so the commit's empty first read writes
 // nothing (checked sound). But the Transport forwards the Expect upstream
@@ -1238,7 +1238,7 @@ func TestReviewPT2ExpectRejectedBeforeBody(t *testing.T) {
 // 9110 section 15.2 forbids ("A server MUST NOT send a 1xx response to an
 // HTTP/1.0 client"); the same path relays a 103. Pre-existing (not this
 // commit). The client's first answer must be the final one.
-func TestReviewPT2ExpectHTTP10NoContinue(t *testing.T) {
+func TestExpectFromHTTP10GetsNoContinue(t *testing.T) {
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.UpstreamTimeout = 5 * time.Second })
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
@@ -1266,7 +1266,7 @@ func TestReviewPT2ExpectHTTP10NoContinue(t *testing.T) {
 // TestNoInformationalToHTTP10: RFC 9110 section 15.2, a server must not
 // send a 1xx to an HTTP/1.0 client. An upstream's 103 Early Hints is
 // relayed to HTTP/1.1 clients only, keyed or not; the HTTP/1.0 client's
-// first answer is the final one (pass-through: reviewPT2_expect_test.go,
+// first answer is the final one (pass-through: TestExpectFromHTTP10GetsNoContinue,
 // for a 100 Continue).
 func TestNoInformationalToHTTP10(t *testing.T) {
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.UpstreamTimeout = 5 * time.Second })
@@ -1307,19 +1307,19 @@ func TestNoInformationalToHTTP10(t *testing.T) {
 	}
 }
 
-// reviewEOFSeen is what the upstream saw of one request body.
-type reviewEOFSeen struct {
+// seenBody is what the upstream saw of one request body.
+type seenBody struct {
 	body    string
 	err     error
 	trailer http.Header
 }
 
-// reviewEOFStreamingUpstream reads the whole body, then streams its answer:
+// streamingUpstream reads the whole body, then streams its answer:
 // headers flushed at once, body 100ms later.
-func reviewEOFStreamingUpstream(seen chan<- reviewEOFSeen) http.HandlerFunc {
+func streamingUpstream(seen chan<- seenBody) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		b, err := io.ReadAll(r.Body)
-		seen <- reviewEOFSeen{string(b), err, r.Trailer.Clone()}
+		seen <- seenBody{string(b), err, r.Trailer.Clone()}
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)
 		w.(http.Flusher).Flush()
@@ -1328,12 +1328,12 @@ func reviewEOFStreamingUpstream(seen chan<- reviewEOFSeen) http.HandlerFunc {
 	}
 }
 
-// TestReviewEOFChunkedPieces: chunked pass-through bodies where the last
+// TestChunkedBodyInPieces: chunked pass-through bodies where the last
 // data chunk, the terminating chunk and the trailers arrive in separate
 // packets, with pauses; and observe mode with a chunked body over
 // MAX_BODY_BYTES (an in-memory prefix, the rest from the connection). The
 // upstream must get every byte, and the client the whole stream.
-func TestReviewEOFChunkedPieces(t *testing.T) {
+func TestChunkedBodyInPieces(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		observe bool
@@ -1348,14 +1348,14 @@ func TestReviewEOFChunkedPieces(t *testing.T) {
 		{"observe-over-limit", true, "big-1", []string{"20\r\n" + strings.Repeat("a", 32) + "\r\n", "20\r\n" + strings.Repeat("b", 32) + "\r\n", "0\r\n", "\r\n"}, strings.Repeat("a", 32) + strings.Repeat("b", 32), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			seen := make(chan reviewEOFSeen, 1)
+			seen := make(chan seenBody, 1)
 			e := newEnv(t, miniBackend, func(o *proxy.Options) {
 				o.Default.Observe = tc.observe
 				o.MaxBodyBytes = 40
 				o.RequestReadTimeout = 2 * time.Second
 				o.UpstreamTimeout = 2 * time.Second
 			})
-			e.setUpstream(reviewEOFStreamingUpstream(seen))
+			e.setUpstream(streamingUpstream(seen))
 			c := dialProxy(t, e)
 			defer c.Close()
 			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
@@ -1396,14 +1396,14 @@ func TestReviewEOFChunkedPieces(t *testing.T) {
 	}
 }
 
-// TestReviewEOFEarlyAnswerNoSilentTruncation: the upstream answers (a
+// TestEarlyAnswerNoSilentTruncation: the upstream answers (a
 // flushed stream) after the first piece of the body, then keeps reading;
 // the rest of the body arrives after the proxy flushed the answer's headers,
 // so net/http's server may discard it and close the body before idleBody
 // saw its end. Whatever happens to the stream, the upstream must never see
 // a clean end of a body shorter than what the client sent (a truncated
 // upload taken as whole). Bounded: 8 rounds per framing.
-func TestReviewEOFEarlyAnswerNoSilentTruncation(t *testing.T) {
+func TestEarlyAnswerNoSilentTruncation(t *testing.T) {
 	for _, chunked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
 			var mu sync.Mutex
@@ -1458,15 +1458,15 @@ func TestReviewEOFEarlyAnswerNoSilentTruncation(t *testing.T) {
 	}
 }
 
-// reviewEOFEarlyTransport takes 5 bytes of the body, answers a stream at
+// earlyTransport takes 5 bytes of the body, answers a stream at
 // once, and reads the rest only once the client has the answer's headers:
 // by then net/http's server discarded the rest of the body and closed it.
-type reviewEOFEarlyTransport struct {
+type earlyTransport struct {
 	clientHasHeaders chan struct{}
-	rest             chan reviewEOFSeen
+	rest             chan seenBody
 }
 
-func (l reviewEOFEarlyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+func (l earlyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	first := make([]byte, 5)
 	if _, err := io.ReadFull(r.Body, first); err != nil {
 		return nil, err
@@ -1478,7 +1478,7 @@ func (l reviewEOFEarlyTransport) RoundTrip(r *http.Request) (*http.Response, err
 		case <-time.After(5 * time.Second):
 		}
 		b, err := io.ReadAll(r.Body)
-		l.rest <- reviewEOFSeen{body: string(first) + string(b), err: err}
+		l.rest <- seenBody{body: string(first) + string(b), err: err}
 		_, _ = io.WriteString(pw, "ok")
 		_ = pw.Close()
 	}()
@@ -1488,13 +1488,13 @@ func (l reviewEOFEarlyTransport) RoundTrip(r *http.Request) (*http.Response, err
 	}, nil
 }
 
-// TestReviewEOFEarlyCloseIsAnError: the body the server closed before its
+// TestBodyClosedEarlyIsAnError: the body the server closed before its
 // end reads as an error, never as a clean io.EOF, on the path 06d58fc
 // changed (what the Transport would forward as a complete upload).
-func TestReviewEOFEarlyCloseIsAnError(t *testing.T) {
+func TestBodyClosedEarlyIsAnError(t *testing.T) {
 	for _, chunked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
-			et := reviewEOFEarlyTransport{clientHasHeaders: make(chan struct{}), rest: make(chan reviewEOFSeen, 1)}
+			et := earlyTransport{clientHasHeaders: make(chan struct{}), rest: make(chan seenBody, 1)}
 			e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Transport = et })
 			full := "hello" + strings.Repeat("w", 2000)
 			c := dialProxy(t, e)
@@ -1530,20 +1530,20 @@ func TestReviewEOFEarlyCloseIsAnError(t *testing.T) {
 	}
 }
 
-// reviewEOFOutliveTransport: call 1 (a POST) is answered before its body
+// outliveTransport: call 1 (a POST) is answered before its body
 // is read, and its body is read once later, after the handler returned, as
 // net/http's Transport write loop does when the upstream answers mid-upload
 // (ReverseProxy: "the RoundTrip goroutine that reads the Body can outlive
 // this handler"). Call 2 (a GET on the same client connection) answers
 // after `slow`.
-type reviewEOFOutliveTransport struct {
+type outliveTransport struct {
 	calls    *atomic.Int64
 	lateRead chan struct{} // closed by the test when call 1 is over
 	lateErr  chan error
 	slow     time.Duration
 }
 
-func (o reviewEOFOutliveTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+func (o outliveTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if o.calls.Add(1) == 1 {
 		body := r.Body
 		go func() {
@@ -1570,7 +1570,7 @@ func (o reviewEOFOutliveTransport) RoundTrip(r *http.Request) (*http.Response, e
 	}, nil
 }
 
-// TestReviewEOFLateReadAfterCloseLeaksDeadline: the body of request 1 was
+// TestLateReadAfterCloseLeavesNoDeadline: the body of request 1 was
 // closed by the server before idleBody saw io.EOF (the upstream answered
 // mid-upload; net/http discarded the rest and closed the body). The
 // Transport's next read of it comes after the handler returned: idleBody
@@ -1582,8 +1582,8 @@ func (o reviewEOFOutliveTransport) RoundTrip(r *http.Request) (*http.Response, e
 // that idleBody read to io.EOF; this probe PASSES because Go 1.26's
 // ReverseProxy wraps the outgoing body in noopCloseReader, closed when the
 // handler returns, so a read after that never reaches idleBody.
-func TestReviewEOFLateReadAfterCloseLeaksDeadline(t *testing.T) {
-	ot := reviewEOFOutliveTransport{calls: new(atomic.Int64), lateRead: make(chan struct{}), lateErr: make(chan error, 1), slow: 900 * time.Millisecond}
+func TestLateReadAfterCloseLeavesNoDeadline(t *testing.T) {
+	ot := outliveTransport{calls: new(atomic.Int64), lateRead: make(chan struct{}), lateErr: make(chan error, 1), slow: 900 * time.Millisecond}
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.Transport = ot
 		o.RequestReadTimeout = 300 * time.Millisecond
@@ -1620,8 +1620,8 @@ func TestReviewEOFLateReadAfterCloseLeaksDeadline(t *testing.T) {
 	}
 }
 
-// TestReviewDLCoalescedDeadlineOnRealConnection pins, over real TCP (not the
-// deadlineWriter of deadline_coalesce_test.go), the two sides of the kept
+// TestKeptWriteDeadlineOnRealConnection pins, over real TCP (not the
+// deadlineWriter of deadlines_test.go), the two sides of the kept
 // write deadline on a pass-through stream whose writes follow each other
 // far more often than the slack (UPSTREAM_TIMEOUT 400ms, slack 50ms,
 // a write every 5ms):
@@ -1632,7 +1632,7 @@ func TestReviewEOFLateReadAfterCloseLeaksDeadline(t *testing.T) {
 //     UPSTREAM_TIMEOUT of the stall, the buffers' fill time included).
 //
 // Passes at aeeff14: evidence, not a defect.
-func TestReviewDLCoalescedDeadlineOnRealConnection(t *testing.T) {
+func TestKeptWriteDeadlineOnRealConnection(t *testing.T) {
 	const timeout = 400 * time.Millisecond
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.UpstreamTimeout = timeout })
 	var failedAt atomic.Int64 // unix nanos of the upstream's first failed write

@@ -1,6 +1,6 @@
 package proxy
 
-// Review of issue 13: what the upstream receives of a hostile or unusual
+// What the upstream receives of a hostile or unusual
 // incoming trace context when tracing is on.
 
 import (
@@ -19,9 +19,9 @@ import (
 	"github.com/idemproxy/idemproxy/claim"
 )
 
-// review13Handler is a traced handler whose upstream records the headers of
+// traceHandler is a traced handler whose upstream records the headers of
 // each call.
-func review13Handler(t *testing.T) (*Handler, func() []http.Header) {
+func traceHandler(t *testing.T) (*Handler, func() []http.Header) {
 	t.Helper()
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
@@ -49,9 +49,9 @@ func review13Handler(t *testing.T) (*Handler, func() []http.Header) {
 	}
 }
 
-// review13Serve serves r, which must be answered 201 after exactly one
+// traceServe serves r, which must be answered 201 after exactly one
 // upstream call, and returns the headers that call carried.
-func review13Serve(t *testing.T, h *Handler, upstream func() []http.Header, r *http.Request) []http.Header {
+func traceServe(t *testing.T, h *Handler, upstream func() []http.Header, r *http.Request) []http.Header {
 	t.Helper()
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)
@@ -72,19 +72,19 @@ func review13Serve(t *testing.T, h *Handler, upstream func() []http.Header, r *h
 // trace id: the upstream's tracer continues vendor state (sampling
 // decisions, tenant ids) the client invented for a trace that is not this
 // one. Keyed and pass-through requests alike.
-func TestReview13TracestateDroppedWithInvalidTraceparent(t *testing.T) {
+func TestTracestateDroppedWithInvalidTraceparent(t *testing.T) {
 	for _, tc := range []struct {
 		name, method, key string
 	}{{"keyed", http.MethodPost, "k-ts-1"}, {"passthrough", http.MethodGet, ""}} {
 		t.Run(tc.name, func(t *testing.T) {
-			h, upstream := review13Handler(t)
+			h, upstream := traceHandler(t)
 			r := httptest.NewRequest(tc.method, "/v1/orders", strings.NewReader(`{}`))
 			if tc.key != "" {
 				r.Header.Set("Idempotency-Key", tc.key)
 			}
 			r.Header.Set("Traceparent", "00-not-a-trace-context-01")
 			r.Header.Set("Tracestate", "vendor=client-chosen-state")
-			got := review13Serve(t, h, upstream, r)
+			got := traceServe(t, h, upstream, r)
 			if tp := got[0].Values("Traceparent"); len(tp) != 1 || strings.Contains(tp[0], "not-a-trace") {
 				t.Errorf("upstream traceparent: got %q, want exactly one, the proxy's", tp)
 			}
@@ -99,13 +99,13 @@ func TestReview13TracestateDroppedWithInvalidTraceparent(t *testing.T) {
 // A tracestate the SDK cannot parse is dropped from the proxy's span
 // context, so Inject writes no tracestate, and the client's malformed value
 // is forwarded as is next to the proxy's traceparent.
-func TestReview13MalformedTracestateNotForwarded(t *testing.T) {
-	h, upstream := review13Handler(t)
+func TestMalformedTracestateNotForwarded(t *testing.T) {
+	h, upstream := traceHandler(t)
 	r := httptest.NewRequest(http.MethodPost, "/v1/orders", strings.NewReader(`{}`))
 	r.Header.Set("Idempotency-Key", "k-ts-2")
 	r.Header.Set("Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	r.Header.Set("Tracestate", "Invalid Key=v,"+strings.Repeat("x", 600)+"=y")
-	got := review13Serve(t, h, upstream, r)
+	got := traceServe(t, h, upstream, r)
 	if ts := got[0].Values("Tracestate"); len(ts) != 0 {
 		t.Errorf("upstream tracestate: got %q; want none (the client's was not valid W3C tracestate)", ts)
 	}
@@ -115,14 +115,14 @@ func TestReview13MalformedTracestateNotForwarded(t *testing.T) {
 // list (RFC 9110 field combination). Extract reads only the first line and
 // Inject's Set replaces them all, so members of the later lines never reach
 // the upstream.
-func TestReview13TracestateOverSeveralLinesKept(t *testing.T) {
-	h, upstream := review13Handler(t)
+func TestTracestateOverSeveralLinesKept(t *testing.T) {
+	h, upstream := traceHandler(t)
 	r := httptest.NewRequest(http.MethodPost, "/v1/orders", strings.NewReader(`{}`))
 	r.Header.Set("Idempotency-Key", "k-ts-3")
 	r.Header.Set("Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	r.Header.Add("Tracestate", "a=1")
 	r.Header.Add("Tracestate", "b=2")
-	got := review13Serve(t, h, upstream, r)
+	got := traceServe(t, h, upstream, r)
 	if ts := strings.Join(got[0].Values("Tracestate"), ","); !strings.Contains(ts, "a=1") || !strings.Contains(ts, "b=2") {
 		t.Errorf("upstream tracestate: got %q; want both members a=1 and b=2 of the client's tracestate", ts)
 	}

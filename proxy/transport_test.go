@@ -594,7 +594,7 @@ func (c resetConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-// TestReview14NothingWrittenKeyedRequestIsRetried: a keyed request whose
+// TestNothingWrittenKeyedRequestIsResent: a keyed request whose
 // write to a pooled upstream connection fails with nothing sent is safe to
 // send again, and net/http's Transport retries it on a new connection
 // (nothingWrittenError on a reused connection) after rewinding the body
@@ -610,7 +610,7 @@ func (c resetConn) Write(p []byte) (int, error) {
 // it with ON_UNKNOWN=hold). Pre-existing: it fails the same way at e3bccc3^
 // (there the failed header flush closed the body, which also sends the
 // Transport to GetBody); e3bccc3 does not change it.
-func TestReview14NothingWrittenKeyedRequestIsRetried(t *testing.T) {
+func TestNothingWrittenKeyedRequestIsResent(t *testing.T) {
 	for _, hold := range []bool{false, true} {
 		name := "release"
 		if hold {
@@ -661,13 +661,12 @@ func TestReview14NothingWrittenKeyedRequestIsRetried(t *testing.T) {
 // exchange.rewind does not vet that resend: net/http's own count of bytes
 // written decides. On the connections the proxy dials that count is exact
 // (net.TCPConn), and crypto/tls reports nothing written only when no whole
-// record left, which the upstream cannot decrypt, let alone execute. The
-// review's test of that resend (TestReview14bEmptyKeyedBodyIsResentWithout
-// TheGuard) needed a connection layer that reports 0 bytes after writing the
+// record left, which the upstream cannot decrypt, let alone execute. A test of that
+// resend without the guard needed a connection layer that reports 0 bytes after writing the
 // whole request; it is not kept as a test. What is kept: the answer after
 // such a resend is decided by the connections' counts (exchange.left).
 
-// TestReview14bEmptyKeyedBodyResendNotForgotten: the other side of the
+// TestEmptyKeyedBodyResendNotForgotten: the other side of the
 // same bypass. After a resend of a request whose first attempt wrote
 // nothing, the answer must be decided by the resent attempt (rewind forgets
 // the first one): a resend that gets no connection means the request never
@@ -679,7 +678,7 @@ func TestReview14NothingWrittenKeyedRequestIsRetried(t *testing.T) {
 // request the upstream never received. (The dial error here is not a
 // *net.OpError, as when UPSTREAM_TIMEOUT runs out while the Transport
 // waits for the new connection.)
-func TestReview14bEmptyKeyedBodyResendNotForgotten(t *testing.T) {
+func TestEmptyKeyedBodyResendNotForgotten(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		body string
@@ -718,7 +717,7 @@ func TestReview14bEmptyKeyedBodyResendNotForgotten(t *testing.T) {
 	}
 }
 
-// TestReview14cDialErrorAfterUnreportedResend: an empty keyed POST goes as
+// TestDialErrorAfterUnreportedResend: an empty keyed POST goes as
 // http.NoBody. Its write to a reused connection reaches the socket whole
 // while the layer above reports (0, error) (faultUnreported: the model
 // TestResendNeverOnceBytesReachedTheSocket uses for crypto/tls), so the
@@ -733,9 +732,9 @@ func TestReview14bEmptyKeyedBodyResendNotForgotten(t *testing.T) {
 // reaches, so the dial error alone releases the claim and the client's
 // retry executes the request a second time.
 //
-// (TestReview14bEmptyKeyedBodyResendNotForgotten's failDial error is not a
+// (TestEmptyKeyedBodyResendNotForgotten's failDial error is not a
 // *net.OpError, which is why it does not see this.)
-func TestReview14cDialErrorAfterUnreportedResend(t *testing.T) {
+func TestDialErrorAfterUnreportedResend(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		hold bool
@@ -764,7 +763,7 @@ func TestReview14cDialErrorAfterUnreportedResend(t *testing.T) {
 			}
 			// The copy that reaches the upstream is held until the proxy has
 			// answered, so that its 201 cannot beat the write error.
-			key := "review14c-" + tc.name
+			key := "dialerror-" + tc.name
 			release := make(chan struct{})
 			var once sync.Once
 			open := func() { once.Do(func() { close(release) }) }

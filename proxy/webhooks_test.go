@@ -685,7 +685,7 @@ func TestBodyLimitDetailOnDerivedRoute(t *testing.T) {
 	}
 }
 
-// TestKeyPartOrderDoesNotChangeTheAnswer (review17a)
+// TestKeyPartOrderDoesNotChangeTheAnswer
 //
 // The defect it guards against: KeySource.derive checked each part (repeated, empty, too long,
 // bad ce-* escape) as soon as it read it and answered 400 at once, but
@@ -723,7 +723,7 @@ func TestKeyPartOrderDoesNotChangeTheAnswer(t *testing.T) {
 	}
 }
 
-// TestIncompleteAlternativeDoesNotRefuse (review17a)
+// TestIncompleteAlternativeDoesNotRefuse
 //
 // The same defect as it meets a sender: a structured-mode CloudEvent (id
 // and source in the JSON body) that also carries a stray ce-source header
