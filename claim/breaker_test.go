@@ -70,6 +70,7 @@ func acquireAll(s *claim.Store, n int, tag string) (time.Duration, []error) {
 // ordered batch stream waited out a read timeout per batch, one after the
 // other: tens of seconds for a 503 or a fail-open forward.
 func TestBreakerFailsFastWhileRedisStalls(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	const readTimeout = 300 * time.Millisecond
 	s, b, changes := breakerClient(t, srv, readTimeout)
@@ -115,6 +116,7 @@ func TestBreakerFailsFastWhileRedisStalls(t *testing.T) {
 // TestBreakerOpensOnRefusedConnections: a Redis that is gone (connections
 // refused) opens the Breaker too, and it closes when Redis is back.
 func TestBreakerOpensOnRefusedConnections(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	s, b, _ := breakerClient(t, srv, time.Second)
 	srv.Kill()

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,6 +54,22 @@ func backends(t *testing.T) []backend {
 
 var ctx = context.Background()
 
+// TestMain runs the tests that call t.Parallel up to 8 at a time, not
+// GOMAXPROCS (2 on the project's machines): they spend their time waiting
+// on lock TTLs, upstream and read deadlines and probe periods, not on the
+// CPU. The tests that measure the heap, count allocations or goroutines, or
+// set GOMAXPROCS do not call t.Parallel, so they run before them, alone.
+// An explicit -parallel wins.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", "8")
+	}
+	os.Exit(m.Run())
+}
+
 func fp(s string) claim.Fingerprint {
 	var f claim.Fingerprint
 	copy(f[:], s)
@@ -59,6 +77,7 @@ func fp(s string) claim.Fingerprint {
 }
 
 func TestAcquireLifecycle(t *testing.T) {
+	t.Parallel()
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			s := claim.NewStore(be.rdb, "test:", nil)
@@ -150,6 +169,7 @@ func TestReleaseLetsRetryExecute(t *testing.T) {
 // TestFencing: a claim whose lock expired and was taken over can neither
 // overwrite nor release the record of the request that took over.
 func TestFencing(t *testing.T) {
+	t.Parallel()
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			s := claim.NewStore(be.rdb, "test:", nil)
@@ -193,6 +213,7 @@ func TestFencing(t *testing.T) {
 }
 
 func TestRecordExpiresAfterTTL(t *testing.T) {
+	t.Parallel()
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			s := claim.NewStore(be.rdb, "test:", nil)
@@ -254,6 +275,7 @@ func TestNoScript(t *testing.T) {
 
 // TestConcurrentAcquire: many clients racing on one key, one lease.
 func TestConcurrentAcquire(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	const n = 50
 	for round := range 5 {
@@ -286,6 +308,7 @@ func TestConcurrentAcquire(t *testing.T) {
 }
 
 func TestRedisDown(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	s := claim.NewStore(srv.Client(), "test:", nil)
 	srv.Kill()
@@ -341,6 +364,7 @@ func TestKeysShareHashTag(t *testing.T) {
 // default in idemproxy): one lease among racing claims, NOSCRIPT fallback
 // inside a batch, and a prompt error when Redis is gone.
 func TestAutoPipeline(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialerRetries: 1}) // as idemproxy sets them
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -396,6 +420,7 @@ func TestAutoPipeline(t *testing.T) {
 // recorded all the same (the upstream did execute), with the claim's
 // fingerprint: the retry replays it, and another body is still a mismatch.
 func TestCompleteAfterExpiry(t *testing.T) {
+	t.Parallel()
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			var results []string
@@ -438,6 +463,7 @@ func TestCompleteAfterExpiry(t *testing.T) {
 // TestCompleteAfterTakeover: when the expired claim was taken over, the
 // late completion writes nothing and reports ErrLost (the key ran twice).
 func TestCompleteAfterTakeover(t *testing.T) {
+	t.Parallel()
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			s := claim.NewStore(be.rdb, "test:", nil)
@@ -505,6 +531,7 @@ func TestUpstreamBinding(t *testing.T) {
 // TestUnavailable: only an unreachable or failing-over Redis counts as an
 // outage; a Redis that refuses (OOM) does not.
 func TestUnavailable(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	if err := rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
@@ -540,6 +567,7 @@ func TestUnavailable(t *testing.T) {
 // with Redis gone), mismatches are still refused, and nothing outlives the
 // record's TTL in Redis.
 func TestReplayCache(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	var hits atomic.Int64
 	s := claim.NewStore(srv.Client(), "test:", func(ev claim.Event) {
@@ -673,6 +701,7 @@ func unknownStatus(t *testing.T) func(*claim.Lease, *claim.Record, error) (int, 
 // than dead, may still record its real answer (its token matches): the
 // real answer wins over unknown.
 func TestHoldLockExpired(t *testing.T) {
+	t.Parallel()
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			var results []string
@@ -727,6 +756,7 @@ func TestHoldLockExpired(t *testing.T) {
 // unknown with the status it answered; retries get that status, never a
 // lease, until the record is purged; then exactly one request executes.
 func TestHoldRecorded(t *testing.T) {
+	t.Parallel()
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			s := claim.NewStore(be.rdb, "test:", nil)
@@ -803,6 +833,7 @@ func TestHoldNeverDowngradesACompletion(t *testing.T) {
 // the key as it did when the lock was the record's own expiry: any request
 // takes it over, whatever its fingerprint.
 func TestExpireModeTakesOverAnyFingerprint(t *testing.T) {
+	t.Parallel()
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			s := claim.NewStore(be.rdb, "test:", nil)
@@ -824,6 +855,7 @@ func TestExpireModeTakesOverAnyFingerprint(t *testing.T) {
 // real Redis. The transition is inside the claim script, so none of them
 // executes and exactly one reports having entered the state.
 func TestHoldRace(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	s := claim.NewStore(srv.Client(), "test:", nil)
 	key := claim.NewKey(nil, "race")
@@ -866,6 +898,7 @@ func TestHoldRace(t *testing.T) {
 // with the claim's reply, only its size (Redis's output shows it); read
 // again with a bound of that size it comes whole. Both record formats.
 func TestMaxReplay(t *testing.T) {
+	t.Parallel()
 	for _, be := range backends(t) {
 		for _, format := range []string{"hash", "string"} {
 			t.Run(be.name+"/"+format, func(t *testing.T) {
@@ -927,6 +960,7 @@ func netOutput(t *testing.T, rdb redis.UniversalClient) int64 {
 // acknowledged by a replica; with the replica gone, a claim is refused
 // (ErrNotReplicated) and released rather than left in flight.
 func TestWaitReplicas(t *testing.T) {
+	t.Parallel()
 	master := redistest.Start(t)
 	replica := redistest.Start(t, "replicaof 127.0.0.1 "+strconv.Itoa(master.Port()))
 	mc, rc := master.Client(), replica.Client()
@@ -1000,6 +1034,7 @@ func hexKey(k claim.Key) string {
 // trace nothing is written. With Tracing, each script run is a child span of
 // the caller's.
 func TestRecordTrace(t *testing.T) {
+	t.Parallel()
 	const tr = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
@@ -1114,6 +1149,7 @@ func oldClaim(t *testing.T, be backend, key claim.Key, f claim.Fingerprint, lock
 // next request claims the key as a new one (no takeover, not held as
 // unknown), and the mark is left as it was, to expire with its TTL.
 func TestOldVersionClaimAfterMarkDropped(t *testing.T) {
+	t.Parallel()
 	for _, be := range backends(t) {
 		for _, hold := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/hold=%v", be.name, hold), func(t *testing.T) {

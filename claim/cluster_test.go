@@ -28,6 +28,7 @@ import (
 // record key itself, and served as a small one is; so is the claim of a
 // retry.
 func TestLargeCompletionDuringSlotMigration(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRedirects: 1})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -102,6 +103,7 @@ func migratingSlot(t *testing.T, cl *redistest.Cluster, key string) (src, dst *r
 // claim) on either side, and what the master's replica keeps (effects
 // replication runs BITOP there too).
 func TestLargeCompletionAfterKeyMigrated(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRedirects: 2})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -212,6 +214,7 @@ func readAsking(t *testing.T, n *redistest.Server, key, flag string) ([]byte, ti
 // before it reads the record (README "Record format": the README once said one command more than before 2026-12-01; a replay runs 4
 // where MGET and PTTL were 2). Counted with INFO commandstats.
 func TestStringDuplicateCommands(t *testing.T) {
+	t.Parallel()
 	checkDuplicateCommands(t, "s", func(rdb *redis.Client, key, st string, now int64) {
 		v := r75enc(st, r75other, r75fp, r75up, fmt.Sprint(now), fmt.Sprint(now+60000), "", "", "ANSWER")
 		if err := rdb.Set(ctx, key, v, time.Hour).Err(); err != nil {
@@ -272,6 +275,7 @@ func checkDuplicateCommands(t *testing.T, form string, write func(rdb *redis.Cli
 // of an unknown key failed for as long as its slot migrated. They name the
 // record only.
 func TestPurgeDuringSlotMigration(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRedirects: 1})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -354,6 +358,7 @@ func TestClaimTimesOnRedisClock(t *testing.T) {
 // the lock, with the record on the source (claimed before the migration
 // began) or on the target (claimed during it: ASK), in both record forms.
 func TestClaimStatesDuringSlotMigration(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRedirects: 1})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -364,10 +369,14 @@ func TestClaimStatesDuringSlotMigration(t *testing.T) {
 				t.Run(name, func(t *testing.T) {
 					prefix := "r75mig:"
 					s := claim.NewStore(rdb, prefix, nil, claim.StringRecords(str))
-					terms := claim.Terms{LockTTL: 300 * time.Millisecond, TTL: time.Hour, Hold: hold}
+					// A lock long enough to outlast setting up the migration
+					// on a loaded machine; the test then waits out what is left.
+					terms := claim.Terms{LockTTL: time.Second, TTL: time.Hour, Hold: hold}
 					k := claim.NewKey(nil, name)
 					key := claim.RecordKey(prefix, k)
+					var claimedAt time.Time
 					first := func() {
+						claimedAt = time.Now()
 						if l, _, err := s.Acquire(ctx, k, fp("A"), terms); err != nil || l == nil {
 							t.Fatalf("first claim (%s): %v", where, err)
 						}
@@ -382,7 +391,7 @@ func TestClaimStatesDuringSlotMigration(t *testing.T) {
 					if _, _, err := s.Acquire(ctx, k, fp("A"), terms); err != claim.ErrInFlight {
 						t.Errorf("in-flight duplicate while slot %d migrates: %v", slot, err)
 					}
-					time.Sleep(400 * time.Millisecond)
+					time.Sleep(time.Until(claimedAt.Add(terms.LockTTL + 100*time.Millisecond)))
 					l, _, err := s.Acquire(ctx, k, fp("A"), terms)
 					if hold {
 						if _, ok := err.(*claim.UnknownError); !ok {
@@ -405,6 +414,7 @@ func TestClaimStatesDuringSlotMigration(t *testing.T) {
 // what it was when the claim read before it wrote. And a replay with
 // WaitReplicas still replays.
 func TestDuplicatePropagatesNothing(t *testing.T) {
+	t.Parallel()
 	master := redistest.Start(t)
 	replica := redistest.Start(t, fmt.Sprintf("replicaof 127.0.0.1 %d", master.Port()))
 	mc := master.Client()

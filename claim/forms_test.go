@@ -42,6 +42,7 @@ var forms = []form{{"hash", false}, {"string", true}}
 // and met by a store of the other, behaves as with one form, and a record
 // keeps its form until a store rewrites it whole, in its own form.
 func TestRecordFormsInterwork(t *testing.T) {
+	t.Parallel()
 	for _, be := range backends(t) {
 		for _, a := range forms {
 			for _, b := range forms {
@@ -225,6 +226,7 @@ func TestRecordFormsInterwork(t *testing.T) {
 // record is refused by either form, and left as it is: not taken for a free
 // key, not overwritten.
 func TestRecordFormsForeignString(t *testing.T) {
+	t.Parallel()
 	for _, be := range backends(t) {
 		for _, f := range forms {
 			t.Run(be.name+"/"+f.name, func(t *testing.T) {
@@ -316,6 +318,7 @@ func commandStats(t *testing.T, info string) map[string]int64 {
 // concatenates inside Lua (64 KiB; larger ones are appended) is kept and
 // replayed byte for byte in both forms, read by both, by an operator too.
 func TestRecordFormsLargeAnswer(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	for _, size := range []int{65536 - 300, 65536 + 1, 300 << 10} {
@@ -432,6 +435,7 @@ func describeErr(err error) string {
 // AlreadyUnknown, what keys get reads, TTLs). R14G_SEEDS raises the number
 // of lives (default 60).
 func TestRecordFormsDifferential(t *testing.T) {
+	t.Parallel()
 	seeds := 60
 	if n, err := strconv.Atoi(os.Getenv("R14G_SEEDS")); err == nil && n > 0 {
 		seeds = n
@@ -556,6 +560,7 @@ func TestRecordFormsDifferential(t *testing.T) {
 // second run recognises its own token; a completion after it is ok or lost
 // alike).
 func TestRecordFormsResend(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	cs := redis.NewScript(scripts.Claim)
@@ -631,6 +636,7 @@ func TestRecordFormsResend(t *testing.T) {
 // NOREPLICAS/READONLY count as an outage (claim.Unavailable): with
 // FAIL_MODE=open the completed key is forwarded and executes again.
 func TestStringStoreReadsHashRecordWithoutWriting(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name       string
 		cfg, reset [2]string
@@ -780,6 +786,7 @@ func TestStringRecordPreviousLayoutUnderSameMagic(t *testing.T) {
 // the refused SET NX (the fast path writes first) does not stand: the record
 // is read and replayed, as a Redis that refuses writes still answers reads.
 func TestStringClaimRefusedWrite(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	for _, tc := range []struct {

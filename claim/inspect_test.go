@@ -372,6 +372,7 @@ func (h *hookScripter) Eval(ctx context.Context, script string, keys []string, a
 // "within 1 s". The eviction must also cover puts whose Redis read
 // started before it (a generation/epoch check in put).
 func TestPurgeRacingReplayCachePut(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -436,6 +437,7 @@ func TestPurgeRacingReplayCachePut(t *testing.T) {
 // WriteRune turns every invalid byte into U+FFFD, so SCAN's MATCH never
 // matches: keys list prints nothing, exit 0, while get finds the record.
 func TestListNonUTF8Prefix(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	ctx := context.Background()

@@ -27,6 +27,7 @@ import (
 // claim, and the rewrite of a record lost meanwhile ("recreated").
 // jemalloc's size classes round up by at most a quarter.
 func TestLargeRecordTakesItsSize(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	for _, f := range forms {
@@ -75,6 +76,7 @@ func TestLargeRecordTakesItsSize(t *testing.T) {
 // completed by a string replica, is overwritten by one SET, which Redis
 // does not bound: the record is taken, and replayed.
 func TestLargeRecordOverBulkLenKeepsTheClaim(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	s := claim.NewStore(rdb, "back:", nil, claim.StringRecords(true))
@@ -157,6 +159,7 @@ func asHashClaim(t *testing.T, rdb *redis.Client, key string, ttl time.Duration)
 // the refused SETRANGE is the script's first write: the claim stays in
 // flight (409, then its lock's expiry, as for any completion Redis refuses).
 func TestLargeRecordRefusedWriteKeepsTheClaim(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	terms := claim.Terms{LockTTL: time.Minute, TTL: time.Hour}
@@ -199,6 +202,7 @@ func TestLargeRecordRefusedWriteKeepsTheClaim(t *testing.T) {
 // and replays a large string record, at and around the 64 KiB switch, on the
 // completion's fast path and the "recreated" path, with its TTL.
 func TestLargeRecordOnMiniredis(t *testing.T) {
+	t.Parallel()
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -241,6 +245,7 @@ func TestLargeRecordOnMiniredis(t *testing.T) {
 // Now the large record's first write is its SETRANGE to the scratch key: it
 // is refused too, and the claim stays in flight.
 func TestLargeRecordFullRedisRefusesStringCompletion(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, "maxmemory-policy noeviction")
 	rdb := srv.Client()
 	terms := claim.Terms{LockTTL: time.Minute, TTL: time.Hour}
@@ -299,6 +304,7 @@ func TestLargeRecordFullRedisRefusesStringCompletion(t *testing.T) {
 // trace, on a real redis-server: the replay is the answer byte for byte,
 // the record has the completion's TTL, and takes about its size.
 func TestLargeRecordEveryPath(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	strS := claim.NewStore(rdb, "p70:", nil, claim.StringRecords(true))
@@ -370,6 +376,7 @@ func TestLargeRecordEveryPath(t *testing.T) {
 // holds the same record with its TTL, and it takes its size there too; a
 // standalone Redis with AOF restarted (the AOF replayed) holds it as well.
 func TestLargeRecordReplicasAndAOF(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -484,6 +491,7 @@ func bytesPerRecord(t *testing.T, rdb *redis.Client, str bool, size, n int) floa
 // redis-server on PATH through claim.Store with KEY_PREFIX idem:, a 201 with
 // two headers, INFO used_memory over the records written: within 10 % (60 bytes for the smallest).
 func TestLargeRecordReadmeSizingTable(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	for _, row := range []struct {
@@ -526,6 +534,7 @@ func (o *eventLog) Observe(e claim.Event) {
 // refusal is ignored: the record is complete and replayed, with its TTL, at
 // the size SETRANGE left (up to twice the answer: README "Redis version").
 func TestLargeRecordBitopRefusedKeepsTheRecord(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	admin := srv.Client()
 	if err := admin.Do(ctx, "ACL", "SETUSER", "idem", "on", ">pw", "~*", "&*", "resetchannels",
@@ -566,6 +575,7 @@ func TestLargeRecordBitopRefusedKeepsTheRecord(t *testing.T) {
 // than its master) and a reload of the AOF both end with the same exact
 // record, its size and its TTL.
 func TestLargeRecordThroughAOFAndReplica(t *testing.T) {
+	t.Parallel()
 	m := redistest.Start(t, "appendonly yes", "appendfsync always", "enable-debug-command yes")
 	r := redistest.Start(t, fmt.Sprintf("replicaof 127.0.0.1 %d", m.Port()), "proto-max-bulk-len 1mb")
 	mc, rc := m.Client(), r.Client()
@@ -640,6 +650,7 @@ func checkStringRecord(t *testing.T, raw []byte, enc []byte, st string, tr strin
 // held by a hash replica; lost) leaves an exact record: no byte of the
 // earlier value, the completion's TTL, the replay. Both backends.
 func TestLargeRecordOverEveryPriorValue(t *testing.T) {
+	t.Parallel()
 	const trace = "0123456789abcdef0123456789abcdef-0123456789abcdef"
 	for _, be := range backends(t) {
 		for _, up := range []string{"", "upstream-a"} {

@@ -211,6 +211,7 @@ func TestWatchIdleRealRESP2(t *testing.T) {
 // TestWatchRestart: a Redis restart turns the cache off at once and back
 // on (from empty) once Redis is back; the reports are few.
 func TestWatchRestart(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialerRetries: 1})
 	defer rdb.Close()
@@ -447,6 +448,7 @@ func TestWatchSentinelSwitchLeavesSubscriptionOnOldMaster(t *testing.T) {
 // pubsub), the key is purged while the cache is off, and Acquires race the
 // cache's return: none of them may bring the purged record back.
 func TestWatchPurgeWhileOff(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialerRetries: 1})
 	defer rdb.Close()
@@ -689,6 +691,7 @@ func TestWatchOwnDeadlineWhileRedialing(t *testing.T) {
 // TestPurgeIfState: PurgeIf deletes a record only in the state asked for,
 // and reports the state it found otherwise, deleting nothing.
 func TestPurgeIfState(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	ctx := context.Background()
@@ -778,6 +781,7 @@ func TestPurgeIfState(t *testing.T) {
 // that read "in flight" and then deleted the completed record would make
 // the next retry execute again.
 func TestPurgeIfRacesCompletion(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	ctx := context.Background()
@@ -838,6 +842,7 @@ func TestPurgeIfRacesCompletion(t *testing.T) {
 // delete it, or the next retry executes beside the running one. (Before the fix:
 // the state alone was compared.)
 func TestPurgeIfInFlightSparesTakeover(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	ctx := context.Background()
@@ -1161,6 +1166,7 @@ func TestWatchProbeRefusedTurnsCacheOff(t *testing.T) {
 // &<prefix>purge gives the same refusal), so the cache stays on, unsubscribed,
 // and a purge is never heard: the purged record is replayed from memory.
 func TestCacheOffWhenResubscribeIsRefused(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

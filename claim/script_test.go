@@ -34,6 +34,7 @@ func withoutFastPaths(t *testing.T, src string, conds ...string) string {
 // of both forms. claim.lua's fast paths are its writes (SET NX, HSETNX):
 // without them the general path reads the key and writes the claim itself.
 func TestFastPathsMatchGeneralPaths(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	fullClaim, fullComplete := redis.NewScript(scripts.Claim), redis.NewScript(scripts.Complete)
@@ -305,6 +306,7 @@ func scriptOutcome(rdb *redis.Client, key string, v any, err error) string {
 // A non-numeric lock deadline is left out: see
 // TestCompleteFastPathWritesBeforeFailing.
 func TestCompleteFastPathMatchesGeneral(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	fast := redis.NewScript(scripts.Complete)
@@ -450,6 +452,7 @@ func infoMemory(t *testing.T, rdb *redis.Client, field string) int64 {
 // sizing (and a container memory limit) has to know; the README's "Record
 // format" says nothing of it.
 func TestStringFormLuaHeap(t *testing.T) {
+	t.Parallel()
 	const size = 8 << 20
 	heap := map[string][2]int64{}
 	for _, f := range forms {
@@ -486,6 +489,7 @@ func TestStringFormLuaHeap(t *testing.T) {
 // hash replica held (mixed RECORD_FORMAT rollout, ON_UNKNOWN=hold, a slow
 // upstream) writes SET head..rec, one more copy of the answer in Lua.
 func TestHashFormLuaHeap(t *testing.T) {
+	t.Parallel()
 	const size = 8 << 20
 	heap := map[string]int64{}
 	for _, path := range []string{"hash", "string", "string-over-hash"} {

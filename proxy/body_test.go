@@ -152,6 +152,7 @@ func TestSlowBodiesDoNotPinMemory(t *testing.T) {
 // the upstream; when it stops arriving for REQUEST_READ_TIMEOUT the forward
 // is abandoned with 408. A body that keeps flowing is never cut.
 func TestStalledPassThroughBody(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.RequestReadTimeout = 300 * time.Millisecond })
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		n, _ := io.Copy(io.Discard, r.Body)
@@ -196,6 +197,7 @@ func TestStalledPassThroughBody(t *testing.T) {
 // UPSTREAM_TIMEOUT, while a streamed answer whose headers came in time runs
 // past it uncut.
 func TestPassThroughWaitsForHeadersAtMostUpstreamTimeout(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("POST /off off")
 	if err != nil {
 		t.Fatal(err)
@@ -283,6 +285,7 @@ func TestStreamCutByUpstreamTimeoutIsRecorded(t *testing.T) {
 // TestReplayToAClientThatNeverReads: a large replay to a client that never
 // reads ends by UPSTREAM_TIMEOUT instead of holding its handler forever.
 func TestReplayToAClientThatNeverReads(t *testing.T) {
+	t.Parallel()
 	const size = 8 << 20
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		// Room for the first 8 MiB answer under -race on a loaded machine.
@@ -548,6 +551,7 @@ func TestKeyedEmptyBodyKeepsContentLength(t *testing.T) {
 // declares a body and never sends it held the connection for ever and never
 // got its answer. It must get the answer within REQUEST_READ_TIMEOUT.
 func TestRefusalWithUnsentBodyIsBounded(t *testing.T) {
+	t.Parallel()
 	const readTimeout = time.Second
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.RequestReadTimeout = readTimeout
@@ -607,6 +611,7 @@ func expectAnswerWithoutBody(t *testing.T, e *env, head string, status int, read
 // declares a body, sends a long value and never sends the body holds the
 // handler for ever and never gets its answer.
 func TestLongRefusalWithUnsentBodyIsBounded(t *testing.T) {
+	t.Parallel()
 	const readTimeout = time.Second
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.RequestReadTimeout = readTimeout

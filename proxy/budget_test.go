@@ -369,6 +369,7 @@ func storeProxy(t *testing.T, e *env, opts proxy.Options, newStore func(*proxy.M
 // that never read a cached 6 MiB record locked a 12 MiB budget, and every
 // other keyed request of every tenant got 503.)
 func TestBufferBudgetCachedReplaysCountNothing(t *testing.T) {
+	t.Parallel()
 	const size = 6 << 20 // above what the kernel's send buffer takes on loopback
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.MaxBodyBytes = 64 << 10
@@ -1055,6 +1056,7 @@ func TestBufferBudgetFullRefusesBodilessRequests(t *testing.T) {
 // recording (up to 8 KiB each), more for answers with many short header
 // values, which the upstream chooses.
 func TestBufferBudgetRecordingCountsEncodingCapacity(t *testing.T) {
+	t.Parallel()
 	const (
 		n    = 4
 		size = 32<<10 + 1
@@ -1157,6 +1159,7 @@ func deterministicBody(key string, n int) []byte {
 // MAX_BUFFERED_BYTES returns to 0, and every stored answer replays byte for
 // byte (no pooled copy reused while it still held another's answer).
 func TestBufferBudgetReturnsToZeroAcrossPaths(t *testing.T) {
+	t.Parallel()
 	const rounds = 6
 	for _, backend := range bothBackends {
 		t.Run(backend, func(t *testing.T) {
@@ -1412,6 +1415,7 @@ func TestBufferBudgetEvictedCachedReplaysCounted(t *testing.T) {
 // no replays, yet records held this way fill REPLAY_CACHE_BYTES and the
 // cache keeps nothing more while they last (every replay then reads Redis).
 func TestObserveForwardDoesNotHoldCachedRecord(t *testing.T) {
+	t.Parallel()
 	const (
 		bodySize   = 14 << 10 // under 16 KiB: observe reads it with the claim
 		cacheBytes = 128 << 10
@@ -1575,6 +1579,7 @@ func largeHookProxy(t *testing.T, e *env, opts proxy.Options, onLarge func(n int
 // that then finds the key in flight waits for it, as any duplicate on a
 // wait route does, rather than 409 at once.
 func TestLargeReplayWaitRouteAfterRecordChanged(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, realBackend, func(o *proxy.Options) { o.MaxBufferedBytes = 32 << 20; o.Default.Wait = 5 * time.Second })
 	big := bytes.Repeat([]byte("L"), 100<<10)
 	var calls atomic.Int32
@@ -1619,6 +1624,7 @@ func TestLargeReplayWaitRouteAfterRecordChanged(t *testing.T) {
 // but not as overloaded: neither counted in idemproxy_buffer_full_total nor
 // logged "MAX_BUFFERED_BYTES reached", the budget being empty.
 func TestLargeReplayChangingRecordIsNotOverload(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, realBackend, func(o *proxy.Options) { o.MaxBufferedBytes = 32 << 20 })
 	recordLarge(t, e, "k")
 	keys, err := e.rdb.Keys(context.Background(), "idem:*").Result()
@@ -1651,6 +1657,7 @@ func TestLargeReplayChangingRecordIsNotOverload(t *testing.T) {
 // the request is not forwarded: the upstream would execute a request the
 // proxy had just seen completed.
 func TestLargeReplayNoFailOpenAfterLarge(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.MaxBufferedBytes = 32 << 20; o.Default.FailOpen = true })
 	recordLarge(t, e, "k")
 	srv, _ := largeHookProxy(t, e, e.opts, func(int) { e.mr.Close() })
@@ -1733,6 +1740,7 @@ func TestLargeReplayCountedTwiceWhileDecoded(t *testing.T) {
 // TestBudgetNeverExceeded: accounts taking and giving back concurrently
 // never hold more than the budget together, and give it all back.
 func TestBudgetNeverExceeded(t *testing.T) {
+	t.Parallel()
 	b := proxy.NewBudget(10_000)
 	var peak atomic.Int64
 	var wg sync.WaitGroup

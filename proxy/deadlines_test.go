@@ -118,6 +118,7 @@ func coalesceServe(t *testing.T, h *Handler, key string, timeout time.Duration) 
 // slow-client deadline of the upstream copy, the final flush: it was four),
 // and every write still has its deadline.
 func TestWriteDeadlineSetOncePerAnswer(t *testing.T) {
+	t.Parallel()
 	const timeout = 10 * time.Second
 	h := coalesceHandler(t, memoryUpstream, timeout)
 	first := coalesceServe(t, h, "k1", timeout)
@@ -305,6 +306,7 @@ func TestIdleBodyEOFLatch(t *testing.T) {
 // a reader that kept reading past the end would have kept an upstream that
 // never answers alive); it fires UPSTREAM_TIMEOUT after the last real read.
 func TestIdleBodyLateReadsDoNotExtendWatchdog(t *testing.T) {
+	t.Parallel()
 	var fired atomic.Int64
 	src := &scriptedBody{steps: []scriptedRead{{"ab", io.EOF}}}
 	b := newIdleBody(src, 200*time.Millisecond, &fired)

@@ -3,11 +3,13 @@ package proxy_test
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -49,6 +51,22 @@ const (
 )
 
 var bothBackends = []string{miniBackend, realBackend}
+
+// TestMain runs the tests that call t.Parallel up to 8 at a time, not
+// GOMAXPROCS (2 on the project's machines): they spend their time waiting
+// on lock TTLs, upstream and read deadlines and probe periods, not on the
+// CPU. The tests that measure the heap, count allocations or goroutines, or
+// set GOMAXPROCS do not call t.Parallel, so they run before them, alone.
+// An explicit -parallel wins.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", "8")
+	}
+	os.Exit(m.Run())
+}
 
 // defaultOptions mirror the contract's defaults, with short lock and
 // upstream timeouts so that expiry tests run in well under a second.

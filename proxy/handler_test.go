@@ -905,6 +905,7 @@ func fingerprintOf(method, path, query, body string) claim.Fingerprint {
 // scripts loaded) is used again without restarting the proxy; the claim
 // falls back from EVALSHA to EVAL on NOSCRIPT.
 func TestRedisRestartAndNoScript(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, realBackend, nil)
 	if r := e.do(req{key: "before", body: "b"}); r.StatusCode != http.StatusCreated {
 		t.Fatalf("before: %d", r.StatusCode)
@@ -1091,6 +1092,7 @@ func TestSlowDialIsUnreachable(t *testing.T) {
 // could be recorded and nobody took over, the answer is recorded all the
 // same (the upstream did execute): the retry replays it.
 func TestClaimExpiredBeforeCompletion(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, realBackend, func(o *proxy.Options) {
 		o.Default.LockTTL = 150 * time.Millisecond // below UPSTREAM_TIMEOUT: config refuses this, Options do not
 		o.UpstreamTimeout = 2 * time.Second
@@ -1128,6 +1130,7 @@ func TestClaimExpiredBeforeCompletion(t *testing.T) {
 // key over before we could record: the key ran twice, and that is counted
 // and logged with outcome "lost".
 func TestLostCompletionCounted(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, realBackend, func(o *proxy.Options) {
 		o.Default.LockTTL = 150 * time.Millisecond
 		o.UpstreamTimeout = 2 * time.Second
@@ -1192,6 +1195,7 @@ func TestTrailersReplayed(t *testing.T) {
 // (OOM under noeviction) is not an outage: fail open must not forward
 // without a guarantee; the answer is 503.
 func TestFailOpenOnlyWhenUnreachable(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, realBackend, func(o *proxy.Options) { o.Default.FailOpen = true })
 	ctx := context.Background()
 	if err := e.rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
@@ -1296,6 +1300,7 @@ func wantUnknown(t *testing.T, r response, status int) {
 // retry gets 504 outcome-unknown without reaching the upstream, past the
 // lock TTL too, until the key is purged; then exactly one executes.
 func TestHoldUpstreamTimeout(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, realBackend, hold)
 	g := newGate()
 	defer g.open()
@@ -1352,6 +1357,7 @@ func purge(t *testing.T, e *env, key string) {
 // the request was sent, before a status line: 502, and 502 outcome-unknown
 // for every retry.
 func TestHoldConnectionResetAfterSend(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, realBackend, hold)
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		conn, _, err := http.NewResponseController(w).Hijack()
@@ -1403,6 +1409,7 @@ func TestHoldAbandonedClaim(t *testing.T) {
 // arrives, and its token still matches: the real answer is recorded over
 // the unknown state, and later retries replay it.
 func TestHoldSlowOriginalWins(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, realBackend, func(o *proxy.Options) {
 		o.Default.Hold = true
 		o.UpstreamTimeout = 3 * time.Second
@@ -1435,6 +1442,7 @@ func TestHoldSlowOriginalWins(t *testing.T) {
 // TestExpireIsUnchanged: without hold the contract's Part 1 holds: a timed
 // out key is retried after its lock TTL.
 func TestExpireIsUnchanged(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, realBackend, func(o *proxy.Options) {
 		hold(o)
 		o.Routes = mustRoutes(t, "POST /v1/expire/* unknown=expire")
@@ -1475,6 +1483,7 @@ func mustRoutes(t *testing.T, spec string) []proxy.Route {
 // second time for the same key: alerts on the counter see two unknown keys
 // where an operator will find one.
 func TestUnknownCountedOncePerKey(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, hold) // UPSTREAM_TIMEOUT 300ms, LOCK_TTL 400ms
 	g := newGate()
 	defer g.open()
@@ -1832,6 +1841,7 @@ func startStringReplica(e *env, opts proxy.Options) *httptest.Server {
 // outage, and FAIL_MODE=open forwards the completed payment: it executes
 // twice.
 func TestStringReplicaReplaysHashRecordWhileWritesRefused(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name          string
 		refuse, allow func(context.Context, *env) error
@@ -1886,6 +1896,7 @@ func TestStringReplicaReplaysHashRecordWhileWritesRefused(t *testing.T) {
 // from its record, by a hash replica. A string replica answers 503 to the
 // retry of every key recorded as a hash.
 func TestStringReplicaReplaysHashRecordWithRedisFull(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, realBackend, nil)
 	str := startStringReplica(e, e.opts)
 	ctx := context.Background()
@@ -2008,6 +2019,7 @@ func TestHalfClosedKeyedWaiterGetsNoFakeSuccess(t *testing.T) {
 // deadline (UPSTREAM_TIMEOUT, as replays), so the connection is closed
 // when the client stops reading.
 func TestProblemAnswersHaveAWriteDeadline(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.UpstreamTimeout = 300 * time.Millisecond })
 
 	var mu sync.Mutex

@@ -42,6 +42,7 @@ import (
 // Correct: the replay gets UPSTREAM_TIMEOUT from when it starts to be
 // written (or per write), not from the request's start.
 func TestWaiterReplayIsNotCutByItsOwnWait(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.UpstreamTimeout = 2 * time.Second
 		o.RequestReadTimeout = 5 * time.Second
@@ -123,6 +124,7 @@ func TestWaiterReplayIsNotCutByItsOwnWait(t *testing.T) {
 // and a client that keeps up is never cut while the upstream is within
 // UPSTREAM_TIMEOUT.
 func TestFastClientOfStreamingKeyedAnswer(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.UpstreamTimeout = 2 * time.Second
 		o.Default.LockTTL = 8 * time.Second
@@ -192,6 +194,7 @@ func dialSmallRcvbuf(t *testing.T, addr string) net.Conn {
 // 504 to the same ResponseWriter and result (writeBy) while readLoop is
 // still inside its write: run with -race, the detector reports it.
 func TestKeyedEarlyHintsToStalledClientStillRecorded(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.UpstreamTimeout = time.Second
 		o.Default.LockTTL = 4 * time.Second
@@ -265,6 +268,7 @@ func smallBufferServer(t *testing.T, h http.Handler) *httptest.Server {
 // after 60% of UPSTREAM_TIMEOUT has its answer cut for a client that reads at
 // full speed.
 func TestFastClientOfSlowUpstreamGetsTheWholeAnswer(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		chunked bool

@@ -165,6 +165,7 @@ func TestObserveAcrossReplicas(t *testing.T) {
 // TestObserveRedisDown: Redis unreachable in observe is forwarded, never
 // 503, and counted store_error.
 func TestObserveRedisDown(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, realBackend, observe)
 	e.redis.Kill()
 	wantForwarded(t, e.do(req{key: "down", body: "b"}), http.StatusCreated)
@@ -206,6 +207,7 @@ func TestObserveRoute(t *testing.T) {
 // TestDocsURL: with DOCS_URL every problem the proxy writes links to it;
 // the upstream's answers and replays do not.
 func TestDocsURL(t *testing.T) {
+	t.Parallel()
 	const link = `<https://docs.example.com/idempotency>; rel="describedby"`
 	e := newEnv(t, realBackend, func(o *proxy.Options) {
 		o.DocsURL = "https://docs.example.com/idempotency"
@@ -298,6 +300,7 @@ func slowPost(t *testing.T, e *env, key string, pieces []string, pause time.Dura
 // follows fails: the client gets the proxy's own error, not the upstream's
 // answer, and the upstream never sees the request.
 func TestObserveSlowBodyForwardedWhole(t *testing.T) {
+	t.Parallel()
 	for _, chunked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
 			e := newEnv(t, miniBackend, func(o *proxy.Options) {
@@ -342,6 +345,7 @@ func TestObserveSlowBodyForwardedWhole(t *testing.T) {
 // happens. Observe should not describe enforcement it does not do (the
 // pass-through's plain detail, or one that says the route only observes).
 func TestObserveUpstreamFailureDetailTellsTheTruth(t *testing.T) {
+	t.Parallel()
 	for _, unknown := range []string{"hold", "expire"} {
 		t.Run(unknown, func(t *testing.T) {
 			e := newEnv(t, miniBackend, func(o *proxy.Options) {
@@ -512,6 +516,7 @@ func (h holdTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // of unreadBody (it fails: the Transport drops the upstream connection and
 // the client's stream is cut).
 func TestLateCheckReadWithRealTransport(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		observe bool

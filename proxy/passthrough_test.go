@@ -38,6 +38,7 @@ import (
 // UPSTREAM_TIMEOUT (or REQUEST_READ_TIMEOUT) is abandoned with 504/502,
 // as a keyed one is (execute bounds it with a context deadline).
 func TestPassThroughUpstreamThatNeverReadsTheBody(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.UpstreamTimeout = 500 * time.Millisecond
 		o.RequestReadTimeout = 500 * time.Millisecond
@@ -326,6 +327,7 @@ func slowUpload(t *testing.T, e *env, path string, n int, gap time.Duration) (*h
 // not from when the request started: statusWriter should extend the
 // deadline in WriteHeader (1xx and final) and before flushes too.
 func TestSlowUploadThenStreamedAnswer(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name     string
 		upstream func(w http.ResponseWriter)
@@ -434,6 +436,7 @@ func blackhole(t *testing.T) string {
 // (track GotConn in passthrough as execute does; the watchdog's cause is a
 // timeout only once a connection exists).
 func TestPassThroughDialThatHangsIsUnreachable(t *testing.T) {
+	t.Parallel()
 	addr := blackhole(t)
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.UpstreamTimeout = time.Second
@@ -462,6 +465,7 @@ func TestPassThroughDialThatHangsIsUnreachable(t *testing.T) {
 // as any pass-through whose client left (499, "context canceled" at debug); never as
 // an upstream timeout.
 func TestPassthroughEarlyHintsToStalledClient(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.UpstreamTimeout = time.Second
 		o.Default.LockTTL = 4 * time.Second
@@ -591,6 +595,7 @@ func TestPassthroughBodyReadAfterAnswer(t *testing.T) {
 // with its request_id, and does not blame the upstream. (The access line
 // alone says the upstream's 200.)
 func TestPassthroughBodyStalledAfterTheAnswerBegan(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.UpstreamTimeout = 5 * time.Second
 		o.RequestReadTimeout = 300 * time.Millisecond
@@ -618,6 +623,7 @@ func TestPassthroughBodyStalledAfterTheAnswerBegan(t *testing.T) {
 // TestPassthroughBodyStalledBeforeTheAnswer: the same stall before any
 // answer is the 408 of plainError, told once, not also as a cut answer.
 func TestPassthroughBodyStalledBeforeTheAnswer(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.UpstreamTimeout = 5 * time.Second
 		o.RequestReadTimeout = 300 * time.Millisecond
@@ -671,6 +677,7 @@ func TestPassthroughKeepAliveAfterWholeBody(t *testing.T) {
 // REQUEST_READ_TIMEOUT, gets its 502 within about twice that, not after
 // its whole body.
 func TestPassthroughUpstreamDownTrickleBounded(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -748,6 +755,7 @@ func streamEarly(answered chan<- struct{}, ticks int) http.HandlerFunc {
 // upstream warning). Before 393c334 only ReverseProxy's own level-less
 // line said it, without blaming anyone.
 func TestClientBodyBreakIsNotUpstreamsBreak(t *testing.T) {
+	t.Parallel()
 	// The answer must reach the proxy before the bad chunk does: each
 	// attempt gives it longer (a set-up delay; the 200 checks it took).
 	const attempts = 10
@@ -799,6 +807,7 @@ func TestClientBodyBreakIsNotUpstreamsBreak(t *testing.T) {
 // connection is held, past REQUEST_READ_TIMEOUT, for as long as the client
 // keeps it open; nothing is logged but the access line's 200.
 func TestCompleteAnswerThenBodyStall(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.UpstreamTimeout = time.Second
 		o.RequestReadTimeout = 300 * time.Millisecond
@@ -842,6 +851,7 @@ func TestCompleteAnswerThenBodyStall(t *testing.T) {
 // goroutine, racing the Transport, which forwards it. The upstream gets a
 // body with holes and answers 200 as if it were whole.
 func TestFullDuplexBodyReachesUpstreamWhole(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.UpstreamTimeout = 5 * time.Second })
 	got := make(chan int64, 1)
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
@@ -933,6 +943,7 @@ func TestUpstreamDownKeepsConnection(t *testing.T) {
 // through. (Needs UPSTREAM_TIMEOUT below about 1.8 s.)
 // Fixed: the ordinary deadline is put back once the 1xx is written.
 func TestEarlyHintsThenContinue(t *testing.T) {
+	t.Parallel()
 	earlyHintsThenContinue(t, 1500*time.Millisecond)
 }
 
@@ -951,6 +962,7 @@ func TestEarlyHintsThenContinue(t *testing.T) {
 // It failed 2 of 3 runs before; 5 of 5 passed with the fix alone (without
 // the re-arm after a 1xx, which hides the race from the detector too).
 func TestEarlyHintsContinueRace(t *testing.T) {
+	t.Parallel()
 	earlyHintsThenContinue(t, 5*time.Second)
 }
 
@@ -1037,6 +1049,7 @@ func earlyHintsThenContinue(t *testing.T, upstreamTimeout time.Duration) {
 // Fixed: a paused watchdog leaves the upstream all of UPSTREAM_TIMEOUT
 // (watchdog.left).
 func TestEarlyHintsDuringPausedUpload(t *testing.T) {
+	t.Parallel()
 	const d = 500 * time.Millisecond
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.UpstreamTimeout = d
@@ -1185,6 +1198,7 @@ func continueAfterLargeHints(t *testing.T, framing, body string) {
 // Content-Length: the commit's empty first read under
 // statusWriter.informational orders the 100 after the 103. Passes.
 func TestLengthBodyContinueAfterLargeHints(t *testing.T) {
+	t.Parallel()
 	continueAfterLargeHints(t, "Content-Length: 1", "b")
 }
 
@@ -1197,6 +1211,7 @@ func TestLengthBodyContinueAfterLargeHints(t *testing.T) {
 // the 103's header is corrupted on the wire (or -race reports the two
 // goroutines writing conn.bufw).
 func TestChunkedBodyContinueAfterLargeHints(t *testing.T) {
+	t.Parallel()
 	continueAfterLargeHints(t, "Transfer-Encoding: chunked", "1\r\nb\r\n0\r\n\r\n")
 }
 
@@ -1334,6 +1349,7 @@ func streamingUpstream(seen chan<- seenBody) http.HandlerFunc {
 // MAX_BODY_BYTES (an in-memory prefix, the rest from the connection). The
 // upstream must get every byte, and the client the whole stream.
 func TestChunkedBodyInPieces(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		observe bool
@@ -1404,6 +1420,7 @@ func TestChunkedBodyInPieces(t *testing.T) {
 // a clean end of a body shorter than what the client sent (a truncated
 // upload taken as whole). Bounded: 8 rounds per framing.
 func TestEarlyAnswerNoSilentTruncation(t *testing.T) {
+	t.Parallel()
 	for _, chunked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
 			var mu sync.Mutex
@@ -1492,6 +1509,7 @@ func (l earlyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // end reads as an error, never as a clean io.EOF, on the path 06d58fc
 // changed (what the Transport would forward as a complete upload).
 func TestBodyClosedEarlyIsAnError(t *testing.T) {
+	t.Parallel()
 	for _, chunked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
 			et := earlyTransport{clientHasHeaders: make(chan struct{}), rest: make(chan seenBody, 1)}
@@ -1633,6 +1651,7 @@ func TestLateReadAfterCloseLeavesNoDeadline(t *testing.T) {
 //
 // Passes at aeeff14: evidence, not a defect.
 func TestKeptWriteDeadlineOnRealConnection(t *testing.T) {
+	t.Parallel()
 	const timeout = 400 * time.Millisecond
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.UpstreamTimeout = timeout })
 	var failedAt atomic.Int64 // unix nanos of the upstream's first failed write
@@ -1754,6 +1773,7 @@ func upgradeOverAfter(t *testing.T, e *env, method, path, protocol string, idle 
 // ignored and the request answered in HTTP/1.1); other protocols only on a
 // route with the option "upgrade".
 func TestUpgradeRefusedUnlessRouteAllows(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("GET /ws upgrade; POST /ws/off off upgrade")
 	if err != nil {
 		t.Fatal(err)

@@ -82,6 +82,7 @@ func TestTransportNeverResendsAWrittenKeyedRequest(t *testing.T) {
 // not hold the upstream copy until UPSTREAM_TIMEOUT cuts it (which would
 // leave the answer unrecorded, and its retry would execute again).
 func TestStalledClientDoesNotBlockRecording(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, realBackend, func(o *proxy.Options) {
 		o.UpstreamTimeout = 2 * time.Second
 		o.Default.LockTTL = 4 * time.Second
@@ -386,6 +387,7 @@ func TestResendRefusedWithoutTheWriteCounter(t *testing.T) {
 // retry executes. Its request written and then the connection lost: it may
 // have been executed, the claim is kept.
 func TestResendThenFailure(t *testing.T) {
+	t.Parallel()
 	t.Run("dial-fails", func(t *testing.T) {
 		f := &fault{mode: faultNothing}
 		e := newEnv(t, miniBackend, func(o *proxy.Options) {
@@ -475,6 +477,7 @@ func tlsUpstream(t *testing.T, hold <-chan struct{}) (*url.URL, *http.Transport,
 // (which makes its own handshake). One whose TLS write reached the socket
 // and was reported as nothing is never resent.
 func TestResendOverTLS(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name       string
 		mode       faultMode
@@ -817,6 +820,7 @@ func (c countingConn) Write(p []byte) (int, error) {
 // Transport does not know to be in memory, and the Transport then flushes
 // the headers first: two writes, and two reads for the upstream.
 func TestKeyedRequestIsOneWrite(t *testing.T) {
+	t.Parallel()
 	// Not forBoth: its subtests run in parallel, and each needs a counter of
 	// its own (a shared one was reset by the other subtest mid-request).
 	for _, b := range bothBackends {

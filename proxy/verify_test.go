@@ -90,6 +90,7 @@ func verifiedEnv(t *testing.T, backend string, s sender, secrets ...string) *env
 // claimed or forwarded, and the genuine delivery then executes once and is
 // the answer replayed to its redeliveries.
 func TestForgedDeliveryCannotBlockTheGenuineOne(t *testing.T) {
+	t.Parallel()
 	for _, backend := range bothBackends {
 		for _, s := range senders {
 			t.Run(backend+"/"+s.preset, func(t *testing.T) {
@@ -227,6 +228,7 @@ func TestSignatureSecretRotation(t *testing.T) {
 // one replayed. record4xx=all records it instead, and the genuine delivery
 // gets the forgery's 401 for the whole TTL: the risk verify= closes.
 func TestForgedDeliveryWithoutVerificationIsReleased(t *testing.T) {
+	t.Parallel()
 	gh := senders[0]
 	const secret = "It's a Secret to Everybody"
 	for _, tc := range []struct {

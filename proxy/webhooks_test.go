@@ -112,6 +112,7 @@ func TestWebhookPresets(t *testing.T) {
 // TestWebhookRedeliveriesConcurrent: 50 concurrent redeliveries of one
 // message execute it once.
 func TestWebhookRedeliveriesConcurrent(t *testing.T) {
+	t.Parallel()
 	e := webhookEnv(t, realBackend)
 	var wg sync.WaitGroup
 	for range 50 {
@@ -401,6 +402,7 @@ func TestCloudEventsBinaryHeadersArePercentDecoded(t *testing.T) {
 // domain) is compared as bytes (or numbers are kept as their exact decimal
 // value); the second request here gets 422 naming fingerprint=json.
 func TestJSONFingerprintKeepsNumberPrecision(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("POST /v1/transfers fingerprint=json")
 	if err != nil {
 		t.Fatal(err)
@@ -543,6 +545,7 @@ func TestJSONPointerArrayIndexGrammar(t *testing.T) {
 // answer 400 key-invalid naming the part; never forward it unguarded. Here:
 // the second identical delivery must not execute.
 func TestQueryPartNotSilentlyDropped(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("POST /hooks/q key=query:id scope=")
 	if err != nil {
 		t.Fatal(err)
@@ -597,6 +600,7 @@ func TestQueryPartExactlyOnceCountsRejectedPairs(t *testing.T) {
 // refuse at start, quoting the rule, names the proxy can never see (Host,
 // Transfer-Encoding, ...). Here: tenant B's delivery executes.
 func TestScopeByHostIsNotSilentlyEmpty(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("POST /hooks/orders key=header:X-Event-Id scope=Host")
 	if err != nil {
 		if strings.Contains(err.Error(), `"POST /hooks/orders key=header:X-Event-Id scope=Host"`) {
