@@ -70,7 +70,6 @@ func acquireAll(s *claim.Store, n int, tag string) (time.Duration, []error) {
 // ordered batch stream waited out a read timeout per batch, one after the
 // other: tens of seconds for a 503 or a fail-open forward.
 func TestBreakerFailsFastWhileRedisStalls(t *testing.T) {
-	t.Parallel()
 	srv := redistest.Start(t)
 	const readTimeout = 300 * time.Millisecond
 	s, b, changes := breakerClient(t, srv, readTimeout)

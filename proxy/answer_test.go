@@ -20,6 +20,7 @@ import (
 // the functions that decide every status. The HTTP tests (handler_test.go
 // and the others) drive the same rows over real HTTP.
 func TestBehaviourTable(t *testing.T) {
+	t.Parallel()
 	u, _ := url.Parse("http://127.0.0.1:1")
 	h, err := New(nil, Options{Upstream: u, KeyHeader: "Idempotency-Key", UpstreamTimeout: time.Second,
 		RequestReadTimeout: time.Second, MaxBodyBytes: 10})
@@ -92,6 +93,7 @@ func TestBehaviourTable(t *testing.T) {
 // TestObserveTable: in observe mode, what enforcing would have answered
 // becomes an outcome, and the request is forwarded.
 func TestObserveTable(t *testing.T) {
+	t.Parallel()
 	u, _ := url.Parse("http://127.0.0.1:1")
 	h, err := New(nil, Options{Upstream: u, KeyHeader: "Idempotency-Key", UpstreamTimeout: time.Second,
 		RequestReadTimeout: time.Second, MaxBodyBytes: 10})
@@ -140,6 +142,7 @@ func (oomError) RedisError()   {}
 // time runs out), so the states are built here; the HTTP tests
 // (passthrough_test.go) drive the others.
 func TestPlainErrorBlame(t *testing.T) {
+	t.Parallel()
 	u, _ := url.Parse("http://127.0.0.1:1")
 	h, err := New(nil, Options{Upstream: u, KeyHeader: "Idempotency-Key", UpstreamTimeout: time.Second,
 		RequestReadTimeout: time.Second, MaxBodyBytes: 10})

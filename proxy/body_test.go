@@ -48,6 +48,7 @@ func sendOn(t *testing.T, c net.Conn, br *bufio.Reader, raw string, step int) *h
 // within REQUEST_READ_TIMEOUT gets 408 problem+json, nothing is claimed and
 // the upstream is not called.
 func TestSlowKeyedBodyTimesOut(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.RequestReadTimeout = 300 * time.Millisecond }, func(t *testing.T, e *env) {
 		c := dialProxy(t, e)
 		defer c.Close()
@@ -152,7 +153,6 @@ func TestSlowBodiesDoNotPinMemory(t *testing.T) {
 // the upstream; when it stops arriving for REQUEST_READ_TIMEOUT the forward
 // is abandoned with 408. A body that keeps flowing is never cut.
 func TestStalledPassThroughBody(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.RequestReadTimeout = 300 * time.Millisecond })
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		n, _ := io.Copy(io.Discard, r.Body)
@@ -249,6 +249,7 @@ func TestPassThroughWaitsForHeadersAtMostUpstreamTimeout(t *testing.T) {
 // execute: the retry gets its status, recorded without the body, and the
 // upstream is not called again.
 func TestStreamCutByUpstreamTimeoutIsRecorded(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.UpstreamTimeout = 300 * time.Millisecond }, func(t *testing.T, e *env) {
 		e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/event-stream")
@@ -298,7 +299,16 @@ func TestReplayToAClientThatNeverReads(t *testing.T) {
 	if r := e.do(req{key: "big", body: "b"}); len(r.body) != size {
 		t.Fatalf("first: %d bytes", len(r.body))
 	}
-	c := dialProxy(t, e)
+	// The replay goes through a second replica on the same Redis whose
+	// UPSTREAM_TIMEOUT, which bounds each write of the replay, is short:
+	// only the first answer needed the long one.
+	opts := e.opts
+	opts.UpstreamTimeout = time.Second
+	_, srv, reg := e.newProxy(opts)
+	c, err := net.DialTimeout("tcp", srv.Listener.Addr().String(), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer c.Close()
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetReadBuffer(4 << 10)
@@ -307,8 +317,8 @@ func TestReplayToAClientThatNeverReads(t *testing.T) {
 	// Never read. The replay must end (logged, gauge back to zero) by the deadline.
 	start := time.Now()
 	eventually(t, 15*time.Second, "replay handler ended", func() bool {
-		return counter(t, e.reg, "idemproxy_requests_total", map[string]string{"outcome": "replayed"}) == 1 &&
-			counter(t, e.reg, "idemproxy_inflight_requests", nil) == 0
+		return counter(t, reg, "idemproxy_requests_total", map[string]string{"outcome": "replayed"}) == 1 &&
+			counter(t, reg, "idemproxy_inflight_requests", nil) == 0
 	})
 	t.Logf("replay to a non-reading client ended after %v", time.Since(start))
 }
@@ -320,6 +330,7 @@ func TestReplayToAClientThatNeverReads(t *testing.T) {
 // headers, do not: an upstream that merged them into its headers would
 // find a client's X-Forwarded-For or Authorization there.
 func TestRequestTrailersReachTheUpstream(t *testing.T) {
+	t.Parallel()
 	for _, key := range []string{"", "tr-1"} {
 		name := "pass-through"
 		if key != "" {
@@ -351,6 +362,7 @@ func TestRequestTrailersReachTheUpstream(t *testing.T) {
 // key=header: names are the proxy's to read as headers, so not forwarded as
 // trailers either.
 func TestRequestTrailersNotTheRoutesOwnHeaders(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.Routes = mustRoutes(t, "POST /hooks/* key=github scope=X-Tenant-Id")
 	})
@@ -411,6 +423,7 @@ func sendForTrailers(t *testing.T, e *env, raw string) http.Header {
 // an empty keyed body is sent as "Content-Length: 0" and its trailers are
 // dropped.
 func TestEmptyKeyedBodyKeepsItsTrailers(t *testing.T) {
+	t.Parallel()
 	for _, key := range []string{"", "empty-tr-1"} {
 		name := "pass-through"
 		keyLine := ""
@@ -437,6 +450,7 @@ func TestEmptyKeyedBodyKeepsItsTrailers(t *testing.T) {
 // them, so a client's Traceparent and Tracestate trailers reach the
 // upstream, keyed or not.
 func TestTraceparentTrailerNotForwarded(t *testing.T) {
+	t.Parallel()
 	for _, key := range []string{"", "tp-tr-1"} {
 		name := "pass-through"
 		keyLine := ""
@@ -469,6 +483,7 @@ func TestTraceparentTrailerNotForwarded(t *testing.T) {
 // upstream must not depend on TRACING: only announced trailers are
 // forwarded (README), keyed or not, traced or not.
 func TestUndeclaredTrailerSameWithTracing(t *testing.T) {
+	t.Parallel()
 	for _, traced := range []bool{false, true} {
 		for _, key := range []string{"", "und-"} {
 			name := "untraced"
@@ -513,6 +528,7 @@ func TestUndeclaredTrailerSameWithTracing(t *testing.T) {
 // gateways), or speaks HTTP/1.0, refuses or misreads every keyed empty
 // request that it accepts without a key.
 func TestKeyedEmptyBodyKeepsContentLength(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) {
 		o.Methods = []string{"POST", "PUT", "PATCH"}
 	}, func(t *testing.T, e *env) {
@@ -551,7 +567,6 @@ func TestKeyedEmptyBodyKeepsContentLength(t *testing.T) {
 // declares a body and never sends it held the connection for ever and never
 // got its answer. It must get the answer within REQUEST_READ_TIMEOUT.
 func TestRefusalWithUnsentBodyIsBounded(t *testing.T) {
-	t.Parallel()
 	const readTimeout = time.Second
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.RequestReadTimeout = readTimeout
@@ -611,7 +626,6 @@ func expectAnswerWithoutBody(t *testing.T, e *env, head string, status int, read
 // declares a body, sends a long value and never sends the body holds the
 // handler for ever and never gets its answer.
 func TestLongRefusalWithUnsentBodyIsBounded(t *testing.T) {
-	t.Parallel()
 	const readTimeout = time.Second
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.RequestReadTimeout = readTimeout

@@ -113,6 +113,7 @@ func bufferedBytes(t *testing.T, e *env) float64 {
 // their bytes are free again and the refused request, retried with its
 // key, executes.
 func TestBufferBudgetRefusesBodiesBeyondIt(t *testing.T) {
+	t.Parallel()
 	forBoth(t, budgetOptions, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -183,6 +184,7 @@ func TestBufferBudgetRefusesBodiesBeyondIt(t *testing.T) {
 // TestBufferBudgetChunkedBody: a body without Content-Length is counted as
 // it arrives and refused at the read that does not fit.
 func TestBufferBudgetChunkedBody(t *testing.T) {
+	t.Parallel()
 	forBoth(t, budgetOptions, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -214,6 +216,7 @@ func TestBufferBudgetChunkedBody(t *testing.T) {
 // idemproxy_buffer_full_total, which (with the IdemproxyBufferFull alert)
 // counts requests answered 503, nothing executed.
 func TestBufferBudgetObserveForwards(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) {
 		budgetOptions(o)
 		o.Default.Observe = true
@@ -246,6 +249,7 @@ func TestBufferBudgetObserveForwards(t *testing.T) {
 // has executed, and its answer is replayed byte for byte even when it took
 // the count past MAX_BUFFERED_BYTES.
 func TestBufferBudgetAnswerRecordedWhole(t *testing.T) {
+	t.Parallel()
 	forBoth(t, budgetOptions, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -307,6 +311,7 @@ func TestBufferBudgetAnswerRecordedWhole(t *testing.T) {
 // with Retry-After (nothing executed), and once there is room the record,
 // byte for byte.
 func TestBufferBudgetReplayWaitsForRoom(t *testing.T) {
+	t.Parallel()
 	forBoth(t, budgetOptions, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -517,6 +522,7 @@ func TestBufferBudgetDroppedCopyFreed(t *testing.T) {
 // first completes with an empty body, and the waiter gets its replay.
 // (Before the fix: it got 503.)
 func TestBufferBudgetEmptyReplayAlwaysFits(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) {
 		budgetOptions(o)
 		o.Default.Wait = 8 * time.Second
@@ -583,6 +589,7 @@ func TestBufferBudgetEmptyReplayAlwaysFits(t *testing.T) {
 // into, so about 2048 idle connections held the default budget and every
 // keyed request with a body got 503.)
 func TestBufferBudgetIdleHeadersHoldNothing(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) {
 		budgetOptions(o)
 		o.RequestReadTimeout = 5 * time.Second
@@ -962,6 +969,7 @@ func TestBufferBudgetReplaysCounted(t *testing.T) {
 // whole, and a 40 KiB replay got 503 while a new request with the same
 // 40 KiB answer was executed, so under steady load large replays starved.)
 func TestBufferBudgetLargeReplayNotStarved(t *testing.T) {
+	t.Parallel()
 	forBoth(t, budgetOptions, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -1010,6 +1018,7 @@ func TestBufferBudgetLargeReplayNotStarved(t *testing.T) {
 // took nothing at the body stage, was executed, and its 43-byte answer
 // found no room and was recorded without its body.)
 func TestBufferBudgetFullRefusesBodilessRequests(t *testing.T) {
+	t.Parallel()
 	forBoth(t, budgetOptions, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -1511,6 +1520,7 @@ func TestObserveForwardDoesNotHoldCachedRecord(t *testing.T) {
 // observe mode its duplicate is forwarded and counted would_replay without
 // the record being read.
 func TestLargeRecordReplay(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.MaxBufferedBytes = 32 << 20 }, func(t *testing.T, e *env) {
 		big := bytes.Repeat([]byte("L"), 100<<10)
 		e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
@@ -1687,6 +1697,7 @@ func recordLarge(t *testing.T, e *env, key string) {
 // record are both held: MAX_BUFFERED_BYTES counts the record twice then, and
 // once after (the replay holds it while the client reads).
 func TestLargeReplayCountedTwiceWhileDecoded(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.MaxBufferedBytes = 32 << 20 })
 	recordLarge(t, e, "k")
 	ctx := context.Background()

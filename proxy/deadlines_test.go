@@ -162,6 +162,7 @@ func (b *slowBody) Close() error { return nil }
 // whole UPSTREAM_TIMEOUT from the write, after a pause longer than the
 // slack: every write is checked (deadlineWriter).
 func TestWriteDeadlineRearmedAfterAPause(t *testing.T) {
+	t.Parallel()
 	const timeout = 800 * time.Millisecond // slack 100 ms
 	pauses := map[int]time.Duration{40: 150 * time.Millisecond, 20: 150 * time.Millisecond}
 	for _, key := range []string{"", "k-stream"} { // pass-through; keyed (the slow-client deadline)
@@ -195,6 +196,7 @@ func TestWriteDeadlineRearmedAfterAPause(t *testing.T) {
 // answer that follows must get a deadline again, not keep the one it
 // believes is still set.
 func TestFailedHijackForgetsTheDeadline(t *testing.T) {
+	t.Parallel()
 	w := &deadlineWriter{ResponseRecorder: httptest.NewRecorder(), t: t, timeout: time.Minute}
 	res := &result{rc: http.NewResponseController(w), writeTimeout: time.Minute}
 	sw := &statusWriter{ResponseWriter: w, rc: res.rc, res: res}
@@ -253,6 +255,7 @@ func newIdleBody(src io.ReadCloser, d time.Duration, fired *atomic.Int64) *idleB
 // body; a non-EOF error (a timeout, a body the server closed before its end)
 // is never turned into io.EOF, so an upload is never silently cut short.
 func TestIdleBodyEOFLatch(t *testing.T) {
+	t.Parallel()
 	var fired atomic.Int64
 	src := &scriptedBody{steps: []scriptedRead{{"ab", nil}, {"cd", io.EOF}}}
 	b := newIdleBody(src, time.Hour, &fired)
@@ -326,6 +329,7 @@ func TestIdleBodyLateReadsDoNotExtendWatchdog(t *testing.T) {
 // between goroutines as the Transport's probeRequestBody does it (a
 // channel between them), are clean under -race.
 func TestIdleBodyCloseRacingRead(t *testing.T) {
+	t.Parallel()
 	var fired atomic.Int64
 	for range 50 {
 		src := &scriptedBody{steps: []scriptedRead{{"a", nil}, {"b", nil}, {"c", io.EOF}}}
@@ -355,6 +359,7 @@ func TestIsTimeoutNilDoesNotAllocate(t *testing.T) {
 // context.DeadlineExceeded is a net.Error that times out: isTimeout alone
 // gives upstreamAnswer and the trace their 504 / "timeout".
 func TestIsTimeoutDeadlineExceeded(t *testing.T) {
+	t.Parallel()
 	if !isTimeout(fmt.Errorf("round trip: %w", context.DeadlineExceeded)) {
 		t.Error("isTimeout(wrapped context.DeadlineExceeded) = false")
 	}

@@ -43,6 +43,7 @@ func forBoth(t *testing.T, mutate func(*proxy.Options), test func(t *testing.T, 
 }
 
 func TestNoKeyIsForwardedAndNotStored(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		for i := range 2 {
 			r := e.do(req{body: "x"})
@@ -63,6 +64,7 @@ func TestNoKeyIsForwardedAndNotStored(t *testing.T) {
 }
 
 func TestKeyRequired(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.Default.Required = true }, func(t *testing.T, e *env) {
 		r := e.do(req{body: "x"})
 		if r.StatusCode != http.StatusBadRequest {
@@ -83,6 +85,7 @@ func TestKeyRequired(t *testing.T) {
 }
 
 func TestInvalidKeys(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.MaxKeyLength = 8 }, func(t *testing.T, e *env) {
 		cases := map[string]http.Header{
 			"empty":       {"Idempotency-Key": {""}},
@@ -117,6 +120,7 @@ func TestInvalidKeys(t *testing.T) {
 }
 
 func TestBodyTooLarge(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.MaxBodyBytes = 10 }, func(t *testing.T, e *env) {
 		r := e.do(req{key: "big", body: strings.Repeat("x", 11)})
 		if r.StatusCode != http.StatusRequestEntityTooLarge {
@@ -150,6 +154,7 @@ func TestBodyTooLarge(t *testing.T) {
 }
 
 func TestFirstIsRecordedAndReplayed(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		first := e.do(req{key: "order-1", body: `{"amount":100}`})
 		if first.StatusCode != http.StatusCreated {
@@ -191,6 +196,7 @@ func TestFirstIsRecordedAndReplayed(t *testing.T) {
 }
 
 func TestBinaryBodiesReplayByteExact(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		payload := make([]byte, 64<<10)
 		for i := range payload {
@@ -216,6 +222,7 @@ func TestBinaryBodiesReplayByteExact(t *testing.T) {
 }
 
 func TestMismatch(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.Methods = []string{"POST", "PATCH"} }, func(t *testing.T, e *env) {
 		if r := e.do(req{key: "m", path: "/v1/orders?a=1&b=2", body: "one"}); r.StatusCode != http.StatusCreated {
 			t.Fatalf("first: %d", r.StatusCode)
@@ -246,6 +253,7 @@ func TestMismatch(t *testing.T) {
 }
 
 func TestInFlight(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -279,6 +287,7 @@ func TestInFlight(t *testing.T) {
 }
 
 func TestWaitReplaysWhenFirstCompletes(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.Default.Wait = 5 * time.Second }, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -304,6 +313,7 @@ func TestWaitReplaysWhenFirstCompletes(t *testing.T) {
 }
 
 func TestWaitClaimsWhenFirstIsReleased(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.Default.Wait = 5 * time.Second }, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -331,6 +341,7 @@ func TestWaitClaimsWhenFirstIsReleased(t *testing.T) {
 }
 
 func TestWaitRunsOut(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.Default.Wait = 150 * time.Millisecond }, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -350,6 +361,7 @@ func TestWaitRunsOut(t *testing.T) {
 }
 
 func TestRedisDownFailClosed(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		e.stopRedis()
 		r := e.do(req{key: "down", body: "b"})
@@ -370,6 +382,7 @@ func TestRedisDownFailClosed(t *testing.T) {
 }
 
 func TestRedisDownFailOpen(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.Default.FailOpen = true }, func(t *testing.T, e *env) {
 		e.stopRedis()
 		for range 2 {
@@ -399,6 +412,7 @@ func (e *env) stopRedis() {
 }
 
 func TestDialErrorReleases(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -432,6 +446,7 @@ func TestDialErrorReleases(t *testing.T) {
 }
 
 func TestUpstream5xx(t *testing.T) {
+	t.Parallel()
 	fail := func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		w.WriteHeader(http.StatusInternalServerError)
@@ -510,6 +525,7 @@ func TestUpstreamTimeoutKeepsClaim(t *testing.T) {
 // TestBrokenAnswerKeepsClaim: the upstream got the request and then dropped
 // the connection (reset before answering, or mid-body): outcome unknown.
 func TestBrokenAnswerKeepsClaim(t *testing.T) {
+	t.Parallel()
 	hangUp := func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.ReadAll(r.Body)
 		conn, _, err := http.NewResponseController(w).Hijack()
@@ -571,6 +587,7 @@ func TestBrokenAnswerKeepsClaim(t *testing.T) {
 }
 
 func TestLockExpiryTakeover(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) {
 		o.Default.LockTTL = 300 * time.Millisecond
 		o.UpstreamTimeout = 200 * time.Millisecond
@@ -602,6 +619,7 @@ func TestLockExpiryTakeover(t *testing.T) {
 }
 
 func TestLargeResponseNotStored(t *testing.T) {
+	t.Parallel()
 	big := bytes.Repeat([]byte("0123456789"), 200) // 2000 bytes
 	forBoth(t, func(o *proxy.Options) { o.MaxStoredBytes = 1000 }, func(t *testing.T, e *env) {
 		for name, upstream := range map[string]http.HandlerFunc{
@@ -650,6 +668,7 @@ func TestLargeResponseNotStored(t *testing.T) {
 }
 
 func TestScope(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		alice := http.Header{"Authorization": {"Bearer alice"}}
 		bob := http.Header{"Authorization": {"Bearer bob"}}
@@ -681,6 +700,7 @@ func TestScope(t *testing.T) {
 }
 
 func TestRoutes(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes(`POST /v1/webhooks/* off; POST /v1/payments/* required lock=3s; PUT /v1/items/{id} ttl=1m; POST /v1/short ttl=200ms`)
 	if err != nil {
 		t.Fatal(err)
@@ -736,6 +756,7 @@ func TestRoutes(t *testing.T) {
 // TestClientDisconnectStillRecords: the client gives up mid-request; the
 // upstream call runs to its end and is recorded, so the retry replays.
 func TestClientDisconnectStillRecords(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -768,6 +789,7 @@ func TestClientDisconnectStillRecords(t *testing.T) {
 // TestClientGoneMidBody: the client stops reading while a large body is
 // being copied; the copy goes on and the answer is recorded.
 func TestClientGoneMidBody(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) {
 		o.MaxStoredBytes = 8 << 20
 		// Copying 4 MiB under -race on a loaded 2-core machine can take over a second.
@@ -805,6 +827,7 @@ func TestClientGoneMidBody(t *testing.T) {
 // TestConcurrentSameKey: N concurrent requests with one key reach the
 // upstream once; the others get 409 (or, once it completed, the replay).
 func TestConcurrentSameKey(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		const n = 50
 		e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
@@ -857,6 +880,7 @@ func TestConcurrentSameKey(t *testing.T) {
 // runs; a second request executes; the first's late completion must not
 // overwrite the second's record.
 func TestFencedCompletion(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -938,6 +962,7 @@ func TestRedisRestartAndNoScript(t *testing.T) {
 // TestExpectContinueNotForwarded: the body is buffered already; an upstream
 // that never sends "100 Continue" must not delay a keyed request.
 func TestExpectContinueNotForwarded(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -986,6 +1011,7 @@ func TestExpectContinueNotForwarded(t *testing.T) {
 // TestUnreadableRecord: a record this version cannot decode is a 500 and
 // never a re-execution, even when failing open.
 func TestUnreadableRecord(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.Default.FailOpen = true }, func(t *testing.T, e *env) {
 		key := claim.NewKey([]string{""}, "garbled")
 		redisKey := "idem:{" + fmt.Sprintf("%x", key[:]) + "}"
@@ -1009,6 +1035,7 @@ func TestUnreadableRecord(t *testing.T) {
 // TestStopWaiting: on shutdown a waiting duplicate answers 409 at once
 // instead of holding SHUTDOWN_TIMEOUT.
 func TestStopWaiting(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.Default.Wait = 30 * time.Second }, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -1040,6 +1067,7 @@ func TestStopWaiting(t *testing.T) {
 // TestEarlyHintsKeepProxyHeaders: ReverseProxy clears the header map after
 // relaying a 1xx; the final answer still carries the key echo.
 func TestEarlyHintsKeepProxyHeaders(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Link", "</style.css>; rel=preload")
@@ -1068,6 +1096,7 @@ func TestEarlyHintsKeepProxyHeaders(t *testing.T) {
 // TestSlowDialIsUnreachable: a request that never got a connection is 502
 // "unreachable" and released, even when it was the timeout that ended it.
 func TestSlowDialIsUnreachable(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) {
 		o.UpstreamTimeout = 200 * time.Millisecond
 		o.Transport = testutil.RoundTripFunc(func(r *http.Request) (*http.Response, error) {
@@ -1170,6 +1199,7 @@ func TestLostCompletionCounted(t *testing.T) {
 // TestTrailersReplayed: trailers are part of the answer; the replay sends
 // them as the first answer had them.
 func TestTrailersReplayed(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		e.setUpstream(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Trailer", "X-Checksum")
@@ -1225,6 +1255,7 @@ func TestFailOpenOnlyWhenUnreachable(t *testing.T) {
 // both is executed by the first and refused (422) by the second: neither
 // replays the other's answer.
 func TestDeploymentsBoundToTheirUpstream(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		serviceB := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			_, _ = io.WriteString(w, "service B")
@@ -1383,6 +1414,7 @@ func TestHoldConnectionResetAfterSend(t *testing.T) {
 // claim made and never completed) turns unknown when a request finds its
 // lock expired, and is never executed.
 func TestHoldAbandonedClaim(t *testing.T) {
+	t.Parallel()
 	forBoth(t, hold, func(t *testing.T, e *env) {
 		dead := claim.NewStore(e.rdb, "idem:", nil)
 		terms := claim.Terms{LockTTL: 400 * time.Millisecond, TTL: time.Hour, Hold: true}
@@ -1442,7 +1474,6 @@ func TestHoldSlowOriginalWins(t *testing.T) {
 // TestExpireIsUnchanged: without hold the contract's Part 1 holds: a timed
 // out key is retried after its lock TTL.
 func TestExpireIsUnchanged(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, realBackend, func(o *proxy.Options) {
 		hold(o)
 		o.Routes = mustRoutes(t, "POST /v1/expire/* unknown=expire")
@@ -1530,6 +1561,7 @@ func TestUnknownCountedOncePerKey(t *testing.T) {
 // release.lua should accept its own token on a 'u' record as complete.lua
 // does.
 func TestHoldSlowOriginalReleaseWins(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.Default.Hold = true
 		o.UpstreamTimeout = 2 * time.Second
@@ -1566,6 +1598,7 @@ func TestHoldSlowOriginalReleaseWins(t *testing.T) {
 // every log line of that request carries the same id as request_id: the
 // access-log line and the warnings of a failed forward alike.
 func TestRequestIDOnEveryAnswerAndLogLine(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, nil)
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Request-Id", "upstream-id") // as Rails' ActionDispatch::RequestId
@@ -1665,6 +1698,7 @@ func TestRequestIDOnEveryAnswerAndLogLine(t *testing.T) {
 // counted, its answer still carries its id, and its warnings still carry
 // that id as request_id.
 func TestRequestAboveInfoLevel(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, nil)
 	logs := &testutil.SyncBuffer{}
 	reg := prometheus.NewRegistry()
@@ -1746,6 +1780,7 @@ func accessLogID(t *testing.T, logs *testutil.SyncBuffer) string {
 // carries no X-Request-Id (and no Idempotency-Key echo), so the client
 // cannot name the request whose outcome is now unknown.
 func TestKeyedEarlyHintsThenFailureKeepsRequestID(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, nil)
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.ReadAll(r.Body)
@@ -1777,6 +1812,7 @@ func TestKeyedEarlyHintsThenFailureKeepsRequestID(t *testing.T) {
 // X-Request-Id on its 101 (most frameworks do on every answer) gives the
 // client two ids.
 func TestUpgradeReplacesUpstreamRequestID(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("GET /ws upgrade")
 	if err != nil {
 		t.Fatal(err)
@@ -1929,6 +1965,7 @@ func TestStringReplicaReplaysHashRecordWithRedisFull(t *testing.T) {
 // 0 -- a success, while the access log and idemproxy_responses_total say 499
 // and the upstream (non-idempotent, no key) may have executed the request.
 func TestHalfClosedClientGetsNoFakeSuccess(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ name, req string }{
 		{"HTTP/1.1 with a body", "POST /v1/orders HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nb"},
 		{"HTTP/1.1 without a body", "POST /v1/orders HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"},
@@ -1977,6 +2014,7 @@ func TestHalfClosedClientGetsNoFakeSuccess(t *testing.T) {
 // half-closed and is still reading. Pre-existing (claimAnswer's 499), but
 // the same "499 writes nothing" that d340fa7 extends to pass-through.
 func TestHalfClosedKeyedWaiterGetsNoFakeSuccess(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Default.Wait = 30 * time.Second })
 	g := newGate()
 	defer g.open()
@@ -2101,6 +2139,7 @@ func TestProblemAnswersHaveAWriteDeadline(t *testing.T) {
 // wildcard needs the slash). Before the change it matched. A PUT rule (PUT
 // not in METHODS) then stops covering PUT /v1/orders/ entirely.
 func TestTrailingSlashStillMatchesWildcardRule(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("POST /v1/payments/* required; PUT /v1/orders/*")
 	if err != nil {
 		t.Fatal(err)

@@ -275,6 +275,7 @@ func TestFastClientOfSlowUpstreamGetsTheWholeAnswer(t *testing.T) {
 		size    int
 	}{{"content-length-64KiB", false, 64 << 10}, {"chunked-small", true, 200}} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			e := newEnv(t, miniBackend, func(o *proxy.Options) {
 				o.UpstreamTimeout = 2 * time.Second
 				o.Default.LockTTL = 8 * time.Second
@@ -312,6 +313,7 @@ func TestFastClientOfSlowUpstreamGetsTheWholeAnswer(t *testing.T) {
 // so an upstream's own Idempotency-Key header goes out on the first answer
 // and must go out on the replay too (it used to be dropped there).
 func TestReplayKeepsUpstreamKeyHeaderOnDerivedRoute(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		e = webhookEnv(t, e.backend)
 		e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
@@ -337,6 +339,7 @@ func TestReplayKeepsUpstreamKeyHeaderOnDerivedRoute(t *testing.T) {
 // On a header-keyed route the proxy's echo of the client's key wins over an
 // upstream's own, on the first answer and on the replay alike.
 func TestReplayEchoWinsOnHeaderRoute(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Idempotency-Key", "upstream-own")
@@ -365,6 +368,7 @@ func TestReplayEchoWinsOnHeaderRoute(t *testing.T) {
 // closed". Before 9544416 it was told 499 response-not-stored, as for any
 // other recorded status.
 func TestRecorded499ReplayIsAnswered(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.MaxStoredBytes = 16 })
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(499)
@@ -391,6 +395,7 @@ func TestRecorded499ReplayIsAnswered(t *testing.T) {
 // read error), keyed or not, and not as ReverseProxy's own line without a
 // level or an id, which no one can tie to a request.
 func TestAnswerBrokenMidBodyIsLoggedWithItsRequest(t *testing.T) {
+	t.Parallel()
 	for _, key := range []string{"", "broken-1"} {
 		name := "pass-through"
 		if key != "" {
@@ -446,6 +451,7 @@ func TestAnswerBrokenMidBodyIsLoggedWithItsRequest(t *testing.T) {
 // isEventStream decides whether a keyed answer streams (recorded without
 // its body); its allocation-free pre-check must agree with the media type.
 func TestIsEventStream(t *testing.T) {
+	t.Parallel()
 	for ct, want := range map[string]bool{
 		"text/event-stream":                  true,
 		"Text/Event-Stream":                  true,
@@ -476,6 +482,7 @@ func TestIsEventStream(t *testing.T) {
 // recorded without its body. The test of dccc30a states the contract:
 // "its allocation-free pre-check must agree with the media type".
 func TestIsEventStreamAgreesWithParseMediaType(t *testing.T) {
+	t.Parallel()
 	for _, ct := range []string{
 		"text/event-stream",
 		" \ttext/event-stream; charset=utf-8",

@@ -61,6 +61,7 @@ func postTo(h *Handler, path, body string, header map[string]string) deadlineRec
 // forwarded without a key and executed again, silently, while the same
 // event in CloudEvents binary mode was keyed.
 func TestJSONKeyKeepsSenderWrittenReplacementCharacter(t *testing.T) {
+	t.Parallel()
 	h, calls := memoryHandler(t, "POST /hooks key=json:/id scope=")
 	for name, body := range map[string]string{
 		"escaped U+FFFD":    `{"id":"evt_\ufffd_1","type":"order.paid"}`,
@@ -87,6 +88,7 @@ func TestJSONKeyKeepsSenderWrittenReplacementCharacter(t *testing.T) {
 // evt_B, and the genuine evt_B was then answered with evt_A's record and
 // never executed.
 func TestJSONKeyDuplicateMemberIsInvalid(t *testing.T) {
+	t.Parallel()
 	h, calls := memoryHandler(t, "POST /hooks/stripe key=stripe-events scope= fingerprint=none")
 	w := postTo(h, "/hooks/stripe", `{"id":"evt_A","object":"event","id":"evt_B"}`, nil)
 	if w.Code != http.StatusBadRequest {
@@ -104,6 +106,7 @@ func TestJSONKeyDuplicateMemberIsInvalid(t *testing.T) {
 // TestKeySourceKeyMatchesDerive: the key `idemproxy keys hash` computes from
 // the parts' values is the key derive reads from a request carrying them.
 func TestKeySourceKeyMatchesDerive(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name   string
 		source string
@@ -143,6 +146,7 @@ func TestKeySourceKeyMatchesDerive(t *testing.T) {
 }
 
 func TestHeaderKey(t *testing.T) {
+	t.Parallel()
 	if got, err := HeaderKey(`"abc"`, 255); got != "abc" || err != nil {
 		t.Errorf(`HeaderKey("\"abc\"") = %q, %v; want "abc"`, got, err)
 	}

@@ -11,6 +11,7 @@ import (
 // when there was no answer, or a status above 599, which the proxy handles
 // as a failure).
 func TestUpstreamDurationByClass(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, nil)
 	var status atomic.Int64
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(int(status.Load())) })
@@ -34,6 +35,7 @@ func TestUpstreamDurationByClass(t *testing.T) {
 // dashboard panel ("2xx..5xx, and error") or alert on code_class=~"5xx|error"
 // looks at, so answers the proxy released as failures vanish from them.
 func TestReleasedHighStatusCountsAsFailure(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, nil)
 	var status atomic.Int64
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(int(status.Load())) })

@@ -45,6 +45,7 @@ func outcomes(t *testing.T, e *env, names ...string) map[string]float64 {
 // the upstream; the first is claimed and recorded exactly as in enforce, and
 // each duplicate is counted as what enforcing would have done.
 func TestObserveChangesNoAnswer(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) {
 		observe(o)
 		o.MaxBodyBytes = 64
@@ -112,6 +113,7 @@ func equalMaps(a, b map[string]float64) bool {
 // is forwarded at once (would_conflict), even with a wait policy; a route
 // that requires a key forwards a request without one (would_reject).
 func TestObserveInFlightAndRequired(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, realBackend, func(o *proxy.Options) {
 		observe(o)
 		o.Default.Wait = 5 * time.Second
@@ -143,6 +145,7 @@ func TestObserveInFlightAndRequired(t *testing.T) {
 // TestObserveAcrossReplicas: two replicas on one Redis count one first
 // request and one would-be replay, whichever replica sees which.
 func TestObserveAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, realBackend, observe)
 	_, srvB, regB := e.newProxy(e.opts)
 	wantForwarded(t, e.do(req{key: "r1", body: "b"}), http.StatusCreated)
@@ -177,6 +180,7 @@ func TestObserveRedisDown(t *testing.T) {
 // TestObserveRoute: the route option observe applies to its route only; a
 // held unknown key counts as would_replay there.
 func TestObserveRoute(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, realBackend, func(o *proxy.Options) {
 		o.Routes = mustRoutes(t, "POST /v1/shadow/* observe unknown=hold")
 	})
@@ -303,6 +307,7 @@ func TestObserveSlowBodyForwardedWhole(t *testing.T) {
 	t.Parallel()
 	for _, chunked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
+			t.Parallel()
 			e := newEnv(t, miniBackend, func(o *proxy.Options) {
 				observe(o)
 				o.RequestReadTimeout = 300 * time.Millisecond
@@ -415,6 +420,7 @@ func (l lateTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // the connection the streamed answer comes on. The fix of 06d58fc covers a
 // body read through idleBody to its end, not this one.
 func TestObserveDuplicateLateRead(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		body string

@@ -104,6 +104,7 @@ func isNetTimeout(err error) bool {
 // would skip the claim, the replay and "required" on an upstream that
 // ignores the Upgrade (RFC 9110 section 7.8).
 func TestUpgradeOptionImpliesOff(t *testing.T) {
+	t.Parallel()
 	for _, rule := range []string{"POST /v1/stream upgrade required", "POST /v1/stream upgrade ttl=1h", "GET /ws upgrade wait=1s"} {
 		if _, err := proxy.ParseRoutes(rule); err == nil {
 			t.Errorf("ParseRoutes(%q) accepted a rule that enforces keys and tunnels upgrades", rule)
@@ -136,6 +137,7 @@ func TestUpgradeOptionImpliesOff(t *testing.T) {
 //
 // Correct: a switched connection is logged and counted as 101.
 func TestUpgradedConnectionCountedAs101(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("GET /ws upgrade")
 	if err != nil {
 		t.Fatal(err)
@@ -166,6 +168,7 @@ func TestUpgradedConnectionCountedAs101(t *testing.T) {
 // say 499 (nginx's "client closed request"), never the 502 that an alert on
 // upstream failures counts, and nothing blames the upstream.
 func TestPassthroughClientLeftIs499(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		// head and body are what the client sends before it hangs up,
@@ -222,6 +225,7 @@ func TestPassthroughClientLeftIs499(t *testing.T) {
 // chunked framing) and stays to hear about it gets 400 body-unreadable, as
 // a keyed request does, not a 502 that blames the upstream.
 func TestPassthroughUnreadableBodyIs400(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, nil)
 	arrived := make(chan struct{}, 1)
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
@@ -359,6 +363,7 @@ func TestSlowUploadThenStreamedAnswer(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			e := newEnv(t, miniBackend, func(o *proxy.Options) {
 				// 2s: the watchdog runs from the last piece until the answer's
 				// headers, which takes milliseconds, but a loaded CI machine
@@ -566,6 +571,7 @@ func (l lateCheckTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // body", which would make the Transport drop the connection and cut the
 // answer (seen under load in TestSlowUploadThenStreamedAnswer).
 func TestPassthroughBodyReadAfterAnswer(t *testing.T) {
+	t.Parallel()
 	lt := lateCheckTransport{clientHasHeaders: make(chan struct{}), checkErr: make(chan error, 1)}
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Transport = lt })
 	c := dialProxy(t, e)
@@ -651,6 +657,7 @@ func TestPassthroughBodyStalledBeforeTheAnswer(t *testing.T) {
 // for the next request, chunked or with a length; only an answer before the
 // body is all in closes it (TestCompleteAnswerThenBodyStall).
 func TestPassthroughKeepAliveAfterWholeBody(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, nil)
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -897,6 +904,7 @@ func TestFullDuplexBodyReachesUpstreamWhole(t *testing.T) {
 // saw the body closed at its end and reused the connection). A GET, with no
 // body, keeps it still.
 func TestUpstreamDownKeepsConnection(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -1222,6 +1230,7 @@ func TestChunkedBodyContinueAfterLargeHints(t *testing.T) {
 // Transport does not read the body, so the empty read never runs.
 // (Passes: checked sound.)
 func TestExpectRejectedBeforeBody(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.UpstreamTimeout = 5 * time.Second })
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", "0")
@@ -1254,6 +1263,7 @@ func TestExpectRejectedBeforeBody(t *testing.T) {
 // HTTP/1.0 client"); the same path relays a 103. Pre-existing (not this
 // commit). The client's first answer must be the final one.
 func TestExpectFromHTTP10GetsNoContinue(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.UpstreamTimeout = 5 * time.Second })
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
@@ -1284,6 +1294,7 @@ func TestExpectFromHTTP10GetsNoContinue(t *testing.T) {
 // first answer is the final one (pass-through: TestExpectFromHTTP10GetsNoContinue,
 // for a 100 Continue).
 func TestNoInformationalToHTTP10(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.UpstreamTimeout = 5 * time.Second })
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -1364,6 +1375,7 @@ func TestChunkedBodyInPieces(t *testing.T) {
 		{"observe-over-limit", true, "big-1", []string{"20\r\n" + strings.Repeat("a", 32) + "\r\n", "20\r\n" + strings.Repeat("b", 32) + "\r\n", "0\r\n", "\r\n"}, strings.Repeat("a", 32) + strings.Repeat("b", 32), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			seen := make(chan seenBody, 1)
 			e := newEnv(t, miniBackend, func(o *proxy.Options) {
 				o.Default.Observe = tc.observe
@@ -1423,6 +1435,7 @@ func TestEarlyAnswerNoSilentTruncation(t *testing.T) {
 	t.Parallel()
 	for _, chunked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
+			t.Parallel()
 			var mu sync.Mutex
 			var outcomes []string
 			e := newEnv(t, miniBackend, func(o *proxy.Options) {
@@ -1601,6 +1614,7 @@ func (o outliveTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // ReverseProxy wraps the outgoing body in noopCloseReader, closed when the
 // handler returns, so a read after that never reaches idleBody.
 func TestLateReadAfterCloseLeavesNoDeadline(t *testing.T) {
+	t.Parallel()
 	ot := outliveTransport{calls: new(atomic.Int64), lateRead: make(chan struct{}), lateErr: make(chan error, 1), slow: 900 * time.Millisecond}
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.Transport = ot
@@ -1813,6 +1827,7 @@ func TestUpgradeRefusedUnlessRouteAllows(t *testing.T) {
 }
 
 func TestRoutesUpgradeOption(t *testing.T) {
+	t.Parallel()
 	for _, bad := range []string{"GET /ws upgrade=yes", "GET /ws off ttl=1h upgrade"} {
 		if _, err := proxy.ParseRoutes(bad); err == nil {
 			t.Errorf("ParseRoutes(%q) accepted", bad)

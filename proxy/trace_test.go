@@ -73,6 +73,7 @@ func traceServe(t *testing.T, h *Handler, upstream func() []http.Header, r *http
 // decisions, tenant ids) the client invented for a trace that is not this
 // one. Keyed and pass-through requests alike.
 func TestTracestateDroppedWithInvalidTraceparent(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, method, key string
 	}{{"keyed", http.MethodPost, "k-ts-1"}, {"passthrough", http.MethodGet, ""}} {
@@ -100,6 +101,7 @@ func TestTracestateDroppedWithInvalidTraceparent(t *testing.T) {
 // context, so Inject writes no tracestate, and the client's malformed value
 // is forwarded as is next to the proxy's traceparent.
 func TestMalformedTracestateNotForwarded(t *testing.T) {
+	t.Parallel()
 	h, upstream := traceHandler(t)
 	r := httptest.NewRequest(http.MethodPost, "/v1/orders", strings.NewReader(`{}`))
 	r.Header.Set("Idempotency-Key", "k-ts-2")
@@ -116,6 +118,7 @@ func TestMalformedTracestateNotForwarded(t *testing.T) {
 // Inject's Set replaces them all, so members of the later lines never reach
 // the upstream.
 func TestTracestateOverSeveralLinesKept(t *testing.T) {
+	t.Parallel()
 	h, upstream := traceHandler(t)
 	r := httptest.NewRequest(http.MethodPost, "/v1/orders", strings.NewReader(`{}`))
 	r.Header.Set("Idempotency-Key", "k-ts-3")

@@ -66,6 +66,7 @@ func hangUpOnce(t *testing.T, key string) (*url.URL, *atomic.Int64) {
 // resends a request carrying the canonical Idempotency-Key header when a
 // pooled connection breaks after the request was written.
 func TestTransportNeverResendsAWrittenKeyedRequest(t *testing.T) {
+	t.Parallel()
 	upstream, executed := hangUpOnce(t, "dup")
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Upstream = upstream })
 	e.do(req{body: "warm"}) // pooled upstream connection
@@ -124,6 +125,7 @@ func TestStalledClientDoesNotBlockRecording(t *testing.T) {
 // (GET, HEAD, OPTIONS asking GetBody: the write counter has moved, and the
 // resend is refused).
 func TestKeyedBodilessRequestIsNeverResent(t *testing.T) {
+	t.Parallel()
 	for _, method := range []string{http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodDelete} {
 		t.Run(method, func(t *testing.T) {
 			upstream, executed := hangUpOnce(t, "dup")
@@ -246,6 +248,7 @@ var resendBody = `{"amount":100,"note":"` + strings.Repeat("x", 200) + `"}`
 // the request may have been executed: it is never sent again, and the
 // upstream executes it at most once.
 func TestResendNeverOnceBytesReachedTheSocket(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		mode faultMode
@@ -320,6 +323,7 @@ func TestResendNeverOnceBytesReachedTheSocket(t *testing.T) {
 // proxy counts them), so the request never left: the claim is released and
 // the client's retry executes, once.
 func TestResendNotOnAFreshConnection(t *testing.T) {
+	t.Parallel()
 	f := &fault{mode: faultNothing}
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.Transport = withFault(proxy.NewTransport(), f, false)
@@ -348,6 +352,7 @@ func TestResendNotOnAFreshConnection(t *testing.T) {
 // counting connection), the proxy cannot know that nothing left: it refuses
 // the resend, as it always did.
 func TestResendRefusedWithoutTheWriteCounter(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		tr     func() *http.Transport
@@ -532,6 +537,7 @@ func TestResendOverTLS(t *testing.T) {
 // a write-counting one; a client's half-close still reaches the upstream
 // (CloseWrite), which then answers through the tunnel's other half.
 func TestUpgradeTunnelHalfClose(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("GET /ws upgrade")
 	if err != nil {
 		t.Fatal(err)
@@ -614,6 +620,7 @@ func (c resetConn) Write(p []byte) (int, error) {
 // (there the failed header flush closed the body, which also sends the
 // Transport to GetBody); e3bccc3 does not change it.
 func TestNothingWrittenKeyedRequestIsResent(t *testing.T) {
+	t.Parallel()
 	for _, hold := range []bool{false, true} {
 		name := "release"
 		if hold {
@@ -682,6 +689,7 @@ func TestNothingWrittenKeyedRequestIsResent(t *testing.T) {
 // *net.OpError, as when UPSTREAM_TIMEOUT runs out while the Transport
 // waits for the new connection.)
 func TestEmptyKeyedBodyResendNotForgotten(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		body string
@@ -738,6 +746,7 @@ func TestEmptyKeyedBodyResendNotForgotten(t *testing.T) {
 // (TestEmptyKeyedBodyResendNotForgotten's failDial error is not a
 // *net.OpError, which is why it does not see this.)
 func TestDialErrorAfterUnreportedResend(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		hold bool

@@ -43,6 +43,7 @@ const stripeEvent = `{"id":"evt_1NGqQ2LkdIwHu7ixaxS2bDnD","object":"event","api_
 // such as timestamps and signatures changed) is replayed; the upstream runs
 // once per message; a derived key is never echoed.
 func TestWebhookPresets(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		e = webhookEnv(t, e.backend)
 		deliveries := []struct {
@@ -129,6 +130,7 @@ func TestWebhookRedeliveriesConcurrent(t *testing.T) {
 // TestKeySourceRules: composite and alternative sources, invalid and
 // missing parts, required routes, and the body limit before a json: key.
 func TestKeySourceRules(t *testing.T) {
+	t.Parallel()
 	e := webhookEnv(t, miniBackend)
 	e.opts.MaxBodyBytes = 1 << 20
 	hdr := func(kv ...string) http.Header {
@@ -185,6 +187,7 @@ func TestKeySourceRules(t *testing.T) {
 // TestKeyFromBodyHonoursBodyLimit: with a json: part the body is read first,
 // so MAX_BODY_BYTES answers 413 before the key is looked for.
 func TestKeyFromBodyHonoursBodyLimit(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("POST /hooks/stripe key=stripe-events scope=")
 	if err != nil {
 		t.Fatal(err)
@@ -207,6 +210,7 @@ func TestKeyFromBodyHonoursBodyLimit(t *testing.T) {
 // silent: each is counted by route, and the first on each route is logged
 // as a warning (once: the count tells the rest).
 func TestKeyFromBodyNotJSONIsCountedAndWarnedOnce(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("POST /hooks/stripe key=stripe-events scope=; POST /hooks/ce key=cloudevents scope=")
 	if err != nil {
 		t.Fatal(err)
@@ -239,6 +243,7 @@ func TestKeyFromBodyNotJSONIsCountedAndWarnedOnce(t *testing.T) {
 // spelling (per RFC 8785) and query order; falls back to bytes for bodies
 // that are not JSON; none ignores body and query; strict sees all.
 func TestFingerprintProfiles(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("POST /json fingerprint=json; POST /none fingerprint=none; POST /strict")
 	if err != nil {
 		t.Fatal(err)
@@ -278,6 +283,7 @@ func TestFingerprintProfiles(t *testing.T) {
 // TestRouteScope: scope= on a route replaces SCOPE_HEADERS (empty: no
 // scope), so a sender whose Authorization changes still redelivers to one key.
 func TestRouteScope(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("POST /noscope scope=; POST /tenant scope=X-Tenant")
 	if err != nil {
 		t.Fatal(err)
@@ -304,6 +310,7 @@ func TestRouteScope(t *testing.T) {
 }
 
 func TestParseKeySourceErrors(t *testing.T) {
+	t.Parallel()
 	for _, bad := range []string{"", "nope", "header:", "query:", "json:id", "json:/a~2", "xml:/a", "github+header:X", "header:A B"} {
 		if _, err := proxy.ParseKeySource(bad); err == nil {
 			t.Errorf("ParseKeySource(%q) accepted", bad)
@@ -358,6 +365,7 @@ func FuzzParseKeySource(f *testing.F) {
 // so both modes give one key; the redelivery is replayed and the upstream
 // runs once.
 func TestCloudEventsBinaryHeadersArePercentDecoded(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("POST /hooks/events key=cloudevents scope= fingerprint=none")
 	if err != nil {
 		t.Fatal(err)
@@ -483,6 +491,7 @@ func TestJSONFingerprintMemoryBounded(t *testing.T) {
 // escape, invalid UTF-8) counts as absent (or 400 key-invalid), or the key
 // uses the member's exact source bytes; two different ids never share a key.
 func TestJSONPartDistinctIdsDoNotCollide(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("POST /hooks/stripe key=stripe-events scope= fingerprint=none")
 	if err != nil {
 		t.Fatal(err)
@@ -513,6 +522,7 @@ func TestJSONPartDistinctIdsDoNotCollide(t *testing.T) {
 // Correct: accept only the RFC's array-index grammar; /items/-0/id is
 // absent, the request has no key and each is forwarded.
 func TestJSONPointerArrayIndexGrammar(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("POST /hooks/items key=json:/items/-0/id scope=")
 	if err != nil {
 		t.Fatal(err)
@@ -572,6 +582,7 @@ func TestQueryPartNotSilentlyDropped(t *testing.T) {
 //
 // Correct: 400 key-invalid (the part appears twice).
 func TestQueryPartExactlyOnceCountsRejectedPairs(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("POST /hooks/q key=query:id scope=")
 	if err != nil {
 		t.Fatal(err)
@@ -646,6 +657,7 @@ func TestScopeByHostIsNotSilentlyEmpty(t *testing.T) {
 // Correct: require NAME to be a token (and, for header:, not one net/http
 // strips such as Host or Transfer-Encoding); refuse the rule at start.
 func TestSourceRefusesNamesThatCanNeverMatch(t *testing.T) {
+	t.Parallel()
 	for _, rule := range []string{
 		`POST /x key=header:X-Event-Id"`,
 		`POST /x key=header:X(Event)`,
@@ -675,6 +687,7 @@ func TestSourceRefusesNamesThatCanNeverMatch(t *testing.T) {
 // Correct: on a derived-key route the detail names the route's SOURCE (or
 // simply "Requests to this route"), not IDEMPOTENCY_HEADER.
 func TestBodyLimitDetailOnDerivedRoute(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("POST /hooks/stripe key=stripe-events scope=")
 	if err != nil {
 		t.Fatal(err)
@@ -706,6 +719,7 @@ func TestBodyLimitDetailOnDerivedRoute(t *testing.T) {
 // parts inside a composite; whichever reading of "each part must be 1 to
 // MAX_KEY_LENGTH bytes" is taken, both routes must answer alike.
 func TestKeyPartOrderDoesNotChangeTheAnswer(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("POST /ab key=header:X-A+header:X-B|json:/id scope=;" +
 		"POST /ba key=header:X-B+header:X-A|json:/id scope=")
 	if err != nil {
@@ -740,6 +754,7 @@ func TestKeyPartOrderDoesNotChangeTheAnswer(t *testing.T) {
 // Contract: "the first alternative whose parts are all present is used";
 // the 400 for an unusable part concerns the alternative that is used.
 func TestIncompleteAlternativeDoesNotRefuse(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes("POST /hooks/events key=cloudevents scope= fingerprint=none")
 	if err != nil {
 		t.Fatal(err)
