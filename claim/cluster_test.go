@@ -414,7 +414,6 @@ func TestClaimStatesDuringSlotMigration(t *testing.T) {
 // what it was when the claim read before it wrote. And a replay with
 // WaitReplicas still replays.
 func TestDuplicatePropagatesNothing(t *testing.T) {
-	t.Parallel()
 	master := redistest.Start(t)
 	replica := redistest.Start(t, fmt.Sprintf("replicaof 127.0.0.1 %d", master.Port()))
 	mc := master.Client()

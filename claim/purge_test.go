@@ -136,6 +136,24 @@ func (w *watched) fromCache(ctx context.Context, k claim.Key) (bool, *claim.Reco
 	return w.hits.Load() > before, rec, err
 }
 
+// purgeHeard fails t unless k, just purged, stops being replayed within
+// 1 s: the purge reached this Store's cache (where tells where it was
+// published, for the message).
+func (w *watched) purgeHeard(ctx context.Context, k claim.Key, where string) {
+	w.t.Helper()
+	deadline := time.Now().Add(time.Second)
+	for {
+		hit, rec, _ := w.fromCache(ctx, k)
+		if !hit && rec == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("1 s after the purge %sthe replay still comes back (hit %v); reports %v", where, hit, w.reported())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // idleWatch: once confirmed, an idle subscription (no purge for five probe
 // periods) must neither be reported as failed nor turn the cache off.
 func idleWatch(t *testing.T, rdb redis.UniversalClient, srv *redistest.Server) {
@@ -216,15 +234,8 @@ func TestWatchRestart(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialerRetries: 1})
 	defer rdb.Close()
 	ctx := context.Background()
-	w := watchFor(t, rdb, "rs:")
-	if err := w.next(10*time.Second, "the first confirmation"); err != nil {
-		t.Fatalf("first report %v", err)
-	}
 	k := claim.NewKey(nil, "restart")
-	w.complete(ctx, k)
-	if hit, _, _ := w.fromCache(ctx, k); !hit {
-		t.Fatal("no cache hit before the restart")
-	}
+	w := confirmedAndCached(t, rdb, "rs:", k)
 	srv.Kill()
 	w.until(5*time.Second, false, "the lost subscription")
 	// Unreachable is unverified: a replica cut off from Redis could not
@@ -251,17 +262,7 @@ func TestWatchRestart(t *testing.T) {
 	if ok, err := claim.NewInspector(rdb, "rs:").Purge(ctx, k); !ok || err != nil {
 		t.Fatalf("Purge %v %v", ok, err)
 	}
-	deadline := time.Now().Add(time.Second)
-	for {
-		hit, rec, _ := w.fromCache(ctx, k)
-		if !hit && rec == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("1 s after the purge the replay still comes back (hit %v)", hit)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	w.purgeHeard(ctx, k, "")
 	t.Logf("reports: %v", w.reported())
 	if n := len(w.reported()); n > 6 {
 		t.Errorf("%d reports for one restart: %v", n, w.reported())
@@ -277,15 +278,8 @@ func TestWatchSentinelFailover(t *testing.T) {
 	rdb := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sn.MasterName(), SentinelAddrs: sn.Addrs(), MaxRetries: 1, DialerRetries: 1})
 	defer rdb.Close()
 	ctx := context.Background()
-	w := watchFor(t, rdb, "sn:")
-	if err := w.next(10*time.Second, "the first confirmation"); err != nil {
-		t.Fatalf("first report %v", err)
-	}
 	k := claim.NewKey(nil, "failover")
-	w.complete(ctx, k)
-	if hit, _, _ := w.fromCache(ctx, k); !hit {
-		t.Fatal("no cache hit before the failover")
-	}
+	w := confirmedAndCached(t, rdb, "sn:", k)
 	old := sn.Master()
 	nm := sn.Failover(20 * time.Second)
 	t.Logf("failover %s -> %s", old.Addr(), nm.Addr())
@@ -318,17 +312,39 @@ func TestWatchSentinelFailover(t *testing.T) {
 	if ok, err := claim.NewInspector(rdb, "sn:").Purge(ctx, k2); !ok || err != nil {
 		t.Fatalf("Purge %v %v", ok, err)
 	}
-	deadline := time.Now().Add(time.Second)
-	for {
-		hit, rec, _ := w.fromCache(ctx, k2)
-		if !hit && rec == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("1 s after the purge on the new master the replay still comes back (hit %v); reports %v", hit, w.reported())
-		}
-		time.Sleep(10 * time.Millisecond)
+	w.purgeHeard(ctx, k2, "on the new master ")
+}
+
+// clusterWatchCached starts a Redis Cluster and watches purges on it under
+// prefix until the first confirmation; it then records the key named key
+// and has it answered from the replay cache, and returns the node the
+// subscription is on.
+func clusterWatchCached(t *testing.T, prefix, key string) (*redistest.Cluster, *watched, claim.Key, *redistest.Server) {
+	t.Helper()
+	cl := redistest.StartCluster(t)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRetries: 1, DialerRetries: 1, ClusterStateReloadInterval: time.Second})
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := context.Background()
+	w := watchFor(t, rdb, prefix)
+	if err := w.next(15*time.Second, "the first confirmation"); err != nil {
+		t.Fatalf("first report %v", err)
 	}
+	var on *redistest.Server
+	for _, n := range cl.Nodes() {
+		m, err := n.Client().PubSubNumSub(ctx, claim.PurgeChannel(prefix)).Result()
+		if err == nil && m[claim.PurgeChannel(prefix)] == 1 {
+			on = n
+		}
+	}
+	if on == nil {
+		t.Fatal("no node has the subscription")
+	}
+	k := claim.NewKey(nil, key)
+	w.complete(ctx, k)
+	if hit, _, _ := w.fromCache(ctx, k); !hit {
+		t.Fatal("no cache hit")
+	}
+	return cl, w, k, on
 }
 
 // TestWatchClusterNodeKilled: the node the subscription is on is killed;
@@ -336,29 +352,8 @@ func TestWatchSentinelFailover(t *testing.T) {
 // and a purge is then heard.
 func TestWatchClusterNodeKilled(t *testing.T) {
 	t.Parallel()
-	cl := redistest.StartCluster(t)
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRetries: 1, DialerRetries: 1, ClusterStateReloadInterval: time.Second})
-	defer rdb.Close()
 	ctx := context.Background()
-	w := watchFor(t, rdb, "cl:")
-	if err := w.next(15*time.Second, "the first confirmation"); err != nil {
-		t.Fatalf("first report %v", err)
-	}
-	var on *redistest.Server
-	for _, n := range cl.Nodes() {
-		m, err := n.Client().PubSubNumSub(ctx, claim.PurgeChannel("cl:")).Result()
-		if err == nil && m[claim.PurgeChannel("cl:")] == 1 {
-			on = n
-		}
-	}
-	if on == nil {
-		t.Fatal("no node has the subscription")
-	}
-	k := claim.NewKey(nil, "cluster")
-	w.complete(ctx, k)
-	if hit, _, _ := w.fromCache(ctx, k); !hit {
-		t.Fatal("no cache hit")
-	}
+	cl, w, k, on := clusterWatchCached(t, "cl:", "cluster")
 	if role, _, _ := redistest.Role(on); role != "master" {
 		t.Skipf("the subscription is on a %s", role)
 	}
@@ -453,15 +448,8 @@ func TestWatchPurgeWhileOff(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialerRetries: 1})
 	defer rdb.Close()
 	ctx := context.Background()
-	w := watchFor(t, rdb, "off:")
-	if err := w.next(10*time.Second, "the first confirmation"); err != nil {
-		t.Fatalf("first report %v", err)
-	}
 	k := claim.NewKey(nil, "off")
-	w.complete(ctx, k)
-	if hit, _, _ := w.fromCache(ctx, k); !hit {
-		t.Fatal("no cache hit")
-	}
+	w := confirmedAndCached(t, rdb, "off:", k)
 	// Readers hammer k throughout.
 	stop := make(chan struct{})
 	var purgedAt atomic.Int64
@@ -508,29 +496,8 @@ func TestWatchPurgeWhileOff(t *testing.T) {
 // anywhere still reaches the subscription (or the cache goes off).
 func TestWatchClusterManualFailover(t *testing.T) {
 	t.Parallel()
-	cl := redistest.StartCluster(t)
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRetries: 1, DialerRetries: 1, ClusterStateReloadInterval: time.Second})
-	defer rdb.Close()
 	ctx := context.Background()
-	w := watchFor(t, rdb, "mf:")
-	if err := w.next(15*time.Second, "the first confirmation"); err != nil {
-		t.Fatalf("first report %v", err)
-	}
-	var on *redistest.Server
-	for _, n := range cl.Nodes() {
-		m, err := n.Client().PubSubNumSub(ctx, claim.PurgeChannel("mf:")).Result()
-		if err == nil && m[claim.PurgeChannel("mf:")] == 1 {
-			on = n
-		}
-	}
-	if on == nil {
-		t.Fatal("no node has the subscription")
-	}
-	k := claim.NewKey(nil, "manual")
-	w.complete(ctx, k)
-	if hit, _, _ := w.fromCache(ctx, k); !hit {
-		t.Fatal("no cache hit")
-	}
+	cl, w, k, on := clusterWatchCached(t, "mf:", "manual")
 	rep := cl.ReplicaOf(on)
 	// A manual failover is refused (silently, after a while) by a replica
 	// that is not in sync: wait for it, and ask again if the first one
@@ -553,20 +520,10 @@ func TestWatchClusterManualFailover(t *testing.T) {
 		t.Fatal("not demoted after three CLUSTER FAILOVERs of 10 s each")
 	}
 	cl.WaitHealthy(15 * time.Second)
-	if ok, err := claim.NewInspector(rdb, "mf:").Purge(ctx, k); !ok || err != nil {
+	if ok, err := claim.NewInspector(w.rdb, "mf:").Purge(ctx, k); !ok || err != nil {
 		t.Fatalf("Purge %v %v", ok, err)
 	}
-	purged := time.Now()
-	for {
-		hit, rec, _ := w.fromCache(ctx, k)
-		if !hit && rec == nil {
-			break
-		}
-		if time.Since(purged) > time.Second {
-			t.Fatalf("1 s after the purge, replayed (hit %v); reports %v", hit, w.reported())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	w.purgeHeard(ctx, k, "")
 	t.Logf("reports %v", w.reported())
 }
 
@@ -590,7 +547,7 @@ func TestWatchOwnDeadlineWhilePublishBlocks(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: relay.Addr(), MaxRetries: 1, DialerRetries: 1, ReadTimeout: 16 * time.Second})
 	defer rdb.Close()
 	k := claim.NewKey(nil, "bound")
-	w := partCachedAndConfirmed(t, rdb, "boundp:", k)
+	w := confirmedAndCached(t, rdb, "boundp:", k)
 
 	relay.freeze(true, true) // this replica is cut off; the operator is not
 	if ok, err := claim.NewInspector(srv.Client(), "boundp:").Purge(context.Background(), k); !ok || err != nil {
@@ -676,7 +633,7 @@ func TestWatchOwnDeadlineWhileRedialing(t *testing.T) {
 	defer rdb.Close()
 	defer relay.close() // before the watch is stopped: lets go-redis's hung redial end
 	k := claim.NewKey(nil, "closed")
-	w := partCachedAndConfirmed(t, rdb, "boundc:", k)
+	w := confirmedAndCached(t, rdb, "boundc:", k)
 
 	relay.cut() // the subscription's connection is closed, and this replica's path to Redis goes dark
 	if ok, err := claim.NewInspector(srv.Client(), "boundc:").Purge(context.Background(), k); !ok || err != nil {
@@ -1018,9 +975,9 @@ func (r *partRelay) pipe(src, dst net.Conn, l *partLink, fromClient bool) {
 	}
 }
 
-// partCachedAndConfirmed: a watched Store on rdb, confirmed, with k completed
+// confirmedAndCached: a watched Store on rdb, confirmed, with k completed
 // and answered from the cache.
-func partCachedAndConfirmed(t *testing.T, rdb redis.UniversalClient, prefix string, k claim.Key) *watched {
+func confirmedAndCached(t *testing.T, rdb redis.UniversalClient, prefix string, k claim.Key) *watched {
 	t.Helper()
 	w := watchFor(t, rdb, prefix)
 	if err := w.next(10*time.Second, "the first confirmation"); err != nil {
@@ -1069,7 +1026,7 @@ func TestWatchPartitionedReplicaStopsReplaying(t *testing.T) {
 		DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second})
 	defer rdb.Close()
 	k := claim.NewKey(nil, "partition")
-	w := partCachedAndConfirmed(t, rdb, "partp:", k)
+	w := confirmedAndCached(t, rdb, "partp:", k)
 
 	relay.freeze(true, true) // this replica's network to Redis drops everything
 	ctx := context.Background()
@@ -1105,7 +1062,7 @@ func partSubscriptionHangs(t *testing.T, publishAllowed bool, prefix string) {
 	rdb := redis.NewClient(&redis.Options{Addr: relay.Addr(), Username: "proxy", Password: "pw", MaxRetries: 1, DialerRetries: 1})
 	defer rdb.Close()
 	k := claim.NewKey(nil, "hang")
-	w := partCachedAndConfirmed(t, rdb, prefix, k)
+	w := confirmedAndCached(t, rdb, prefix, k)
 
 	relay.freeze(false, true)
 	if ok, err := claim.NewInspector(admin, prefix).Purge(ctx, k); !ok || err != nil {

@@ -19,16 +19,6 @@ import (
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
-// dialProxy opens a raw connection to the proxy under test.
-func dialProxy(t *testing.T, e *env) net.Conn {
-	t.Helper()
-	c, err := net.DialTimeout("tcp", strings.TrimPrefix(e.srv.URL, "http://"), 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 // sendOn writes one raw request on c and reads its answer through br
 // (within 5 s), body drained; step names it in a failure.
 func sendOn(t *testing.T, c net.Conn, br *bufio.Reader, raw string, step int) *http.Response {
@@ -305,10 +295,7 @@ func TestReplayToAClientThatNeverReads(t *testing.T) {
 	opts := e.opts
 	opts.UpstreamTimeout = time.Second
 	_, srv, reg := e.newProxy(opts)
-	c, err := net.DialTimeout("tcp", srv.Listener.Addr().String(), 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialServer(t, srv)
 	defer c.Close()
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetReadBuffer(4 << 10)
@@ -593,10 +580,7 @@ func TestRefusalWithUnsentBodyIsBounded(t *testing.T) {
 // status within readTimeout and 4 s of slack.
 func expectAnswerWithoutBody(t *testing.T, e *env, head string, status int, readTimeout time.Duration) {
 	t.Helper()
-	conn, err := net.DialTimeout("tcp", e.srv.Listener.Addr().String(), 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dialProxy(t, e)
 	defer conn.Close()
 	if _, err := fmt.Fprint(conn, head); err != nil {
 		t.Fatal(err)

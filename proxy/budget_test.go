@@ -410,10 +410,7 @@ func TestBufferBudgetCachedReplaysCountNothing(t *testing.T) {
 		}
 	}()
 	for range 2 {
-		c, err := net.DialTimeout("tcp", srv.Listener.Addr().String(), 2*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := dialServer(t, srv)
 		conns = append(conns, c)
 		_ = c.(*net.TCPConn).SetReadBuffer(4096)
 		if _, err := fmt.Fprint(c, "POST /big HTTP/1.1\r\nHost: x\r\nIdempotency-Key: big\r\nContent-Length: 0\r\n\r\n"); err != nil {
@@ -601,10 +598,7 @@ func TestBufferBudgetIdleHeadersHoldNothing(t *testing.T) {
 			}
 		}()
 		for i, length := range []int{proxy.BodyChunk, proxy.BodyChunk, 1 << 20, 1 << 20} {
-			c, err := net.DialTimeout("tcp", e.srv.Listener.Addr().String(), 2*time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := dialProxy(t, e)
 			conns = append(conns, c)
 			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 			// Headers only: not one byte of the body is ever sent.
@@ -911,10 +905,7 @@ func TestBufferBudgetReplaysCounted(t *testing.T) {
 		}
 	}()
 	for i := range keys {
-		c, err := net.DialTimeout("tcp", e.srv.Listener.Addr().String(), 2*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := dialProxy(t, e)
 		conns = append(conns, c)
 		_ = c.(*net.TCPConn).SetReadBuffer(4096)
 		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
@@ -1377,10 +1368,7 @@ func TestBufferBudgetEvictedCachedReplaysCounted(t *testing.T) {
 		} else if r.StatusCode != http.StatusOK || len(r.body) != size || r.Header.Get("Idempotent-Replayed") != "true" {
 			t.Fatalf("replay %d: status %d, %d bytes", i, r.StatusCode, len(r.body))
 		}
-		c, err := net.DialTimeout("tcp", srv.Listener.Addr().String(), 2*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := dialServer(t, srv)
 		conns = append(conns, c)
 		_ = c.(*net.TCPConn).SetReadBuffer(4096)
 		if _, err := fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Length: 0\r\n\r\n", path, key); err != nil {

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -363,4 +364,39 @@ func (g *gate) handler(next http.HandlerFunc) http.HandlerFunc {
 		}
 		next(w, r)
 	}
+}
+
+// dialProxy opens a raw connection to e's proxy, for requests written by
+// hand.
+func dialProxy(t *testing.T, e *env) net.Conn {
+	t.Helper()
+	return dialServer(t, e.srv)
+}
+
+// dialServer opens a raw connection to srv.
+func dialServer(t *testing.T, srv *httptest.Server) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", srv.Listener.Addr().String(), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// echoCreated answers 201 with the request's body, with its length.
+func echoCreated(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	w.Header().Set("Content-Length", fmt.Sprint(len(b)))
+	w.WriteHeader(http.StatusCreated)
+	_, _ = w.Write(b)
+}
+
+// mustRoutes parses a ROUTES spec, failing t on an error.
+func mustRoutes(t *testing.T, spec string) []proxy.Route {
+	t.Helper()
+	rs, err := proxy.ParseRoutes(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
 }

@@ -1493,15 +1493,6 @@ func TestExpireIsUnchanged(t *testing.T) {
 	}
 }
 
-func mustRoutes(t *testing.T, spec string) []proxy.Route {
-	t.Helper()
-	rs, err := proxy.ParseRoutes(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rs
-}
-
 // TestUnknownCountedOncePerKey: idemproxy_unknown_outcomes_total
 // counts "keys that entered the state unknown". Here one key enters it
 // once: its claim's lock expires on Redis's clock while the first request
@@ -1813,11 +1804,7 @@ func TestKeyedEarlyHintsThenFailureKeepsRequestID(t *testing.T) {
 // client two ids.
 func TestUpgradeReplacesUpstreamRequestID(t *testing.T) {
 	t.Parallel()
-	routes, err := proxy.ParseRoutes("GET /ws upgrade")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = routes })
+	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = mustRoutes(t, "GET /ws upgrade") })
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		conn, brw, err := http.NewResponseController(w).Hijack()
 		if err != nil {
@@ -2140,11 +2127,7 @@ func TestProblemAnswersHaveAWriteDeadline(t *testing.T) {
 // not in METHODS) then stops covering PUT /v1/orders/ entirely.
 func TestTrailingSlashStillMatchesWildcardRule(t *testing.T) {
 	t.Parallel()
-	routes, err := proxy.ParseRoutes("POST /v1/payments/* required; PUT /v1/orders/*")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = routes })
+	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = mustRoutes(t, "POST /v1/payments/* required; PUT /v1/orders/*") })
 	r := e.do(req{path: "/v1/payments/", body: "x"}) // no key on a "required" route
 	if r.StatusCode != http.StatusBadRequest {
 		t.Errorf("POST /v1/payments/ without key: %d, want 400 (rule POST /v1/payments/* required)", r.StatusCode)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -251,10 +250,7 @@ func TestDocsURL(t *testing.T) {
 // bounded by a deadline.
 func slowPost(t *testing.T, e *env, key string, pieces []string, pause time.Duration, chunked bool) (int, string) {
 	t.Helper()
-	conn, err := net.DialTimeout("tcp", e.srv.Listener.Addr().String(), 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dialProxy(t, e)
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	total := 0

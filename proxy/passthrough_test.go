@@ -138,11 +138,7 @@ func TestUpgradeOptionImpliesOff(t *testing.T) {
 // Correct: a switched connection is logged and counted as 101.
 func TestUpgradedConnectionCountedAs101(t *testing.T) {
 	t.Parallel()
-	routes, err := proxy.ParseRoutes("GET /ws upgrade")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = routes })
+	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = mustRoutes(t, "GET /ws upgrade") })
 	e.setUpstream(echoUpgrade)
 	status, echo := upgradeOver(t, e, http.MethodGet, "/ws", "websocket")
 	if status != http.StatusSwitchingProtocols || !strings.HasPrefix(echo, "echo") {
@@ -994,16 +990,10 @@ func earlyHintsThenContinue(t *testing.T, upstreamTimeout time.Duration) {
 		case <-gotContinue:
 		case <-time.After(4 * time.Second):
 		}
-		b, _ := io.ReadAll(r.Body)
-		w.Header().Set("Content-Length", fmt.Sprint(len(b)))
-		w.WriteHeader(http.StatusCreated)
-		_, _ = w.Write(b)
+		echoCreated(w, r)
 	})
 
-	c, err := net.DialTimeout("tcp", e.srv.Listener.Addr().String(), 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialProxy(t, e)
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	fmt.Fprintf(c, "POST /v1/orders HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n")
@@ -1074,16 +1064,10 @@ func TestEarlyHintsDuringPausedUpload(t *testing.T) {
 		w.Header().Set("Link", "</a.css>; rel=preload; as=style")
 		w.WriteHeader(http.StatusEarlyHints)
 		w.Header().Del("Link")
-		b, _ := io.ReadAll(r.Body)
-		w.Header().Set("Content-Length", fmt.Sprint(len(b)))
-		w.WriteHeader(http.StatusCreated)
-		_, _ = w.Write(b)
+		echoCreated(w, r)
 	})
 
-	c, err := net.DialTimeout("tcp", e.srv.Listener.Addr().String(), 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialProxy(t, e)
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	// No Idempotency-Key: a pass-through. The body (1 byte) comes later.
@@ -1151,10 +1135,7 @@ func continueAfterLargeHints(t *testing.T, framing, body string) {
 		w.Header().Set("Link", largeHints)
 		w.WriteHeader(http.StatusEarlyHints)
 		w.Header().Del("Link")
-		b, _ := io.ReadAll(r.Body)
-		w.Header().Set("Content-Length", fmt.Sprint(len(b)))
-		w.WriteHeader(http.StatusCreated)
-		_, _ = w.Write(b)
+		echoCreated(w, r)
 	})
 	srv := smallBufferServer(t, e.h)
 
@@ -1236,10 +1217,7 @@ func TestExpectRejectedBeforeBody(t *testing.T) {
 		w.Header().Set("Content-Length", "0")
 		w.WriteHeader(http.StatusUnauthorized)
 	})
-	c, err := net.DialTimeout("tcp", e.srv.Listener.Addr().String(), 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialProxy(t, e)
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(3 * time.Second)) // well under anything the body could take
 	fmt.Fprintf(c, "POST /v1/orders HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n")
@@ -1265,16 +1243,8 @@ func TestExpectRejectedBeforeBody(t *testing.T) {
 func TestExpectFromHTTP10GetsNoContinue(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.UpstreamTimeout = 5 * time.Second })
-	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		w.Header().Set("Content-Length", fmt.Sprint(len(b)))
-		w.WriteHeader(http.StatusCreated)
-		_, _ = w.Write(b)
-	})
-	c, err := net.DialTimeout("tcp", e.srv.Listener.Addr().String(), 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.setUpstream(echoCreated)
+	c := dialProxy(t, e)
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 	fmt.Fprintf(c, "POST /v1/orders HTTP/1.0\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\nb")
@@ -1311,10 +1281,7 @@ func TestNoInformationalToHTTP10(t *testing.T) {
 		{"keyed HTTP/1.1", "HTTP/1.1", "Idempotency-Key: k11\r\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := net.DialTimeout("tcp", e.srv.Listener.Addr().String(), 2*time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := dialProxy(t, e)
 			defer c.Close()
 			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 			fmt.Fprintf(c, "POST /v1/orders %s\r\nHost: x\r\n%sContent-Length: 1\r\n\r\nb", tc.proto, tc.key)
@@ -1424,6 +1391,23 @@ func TestChunkedBodyInPieces(t *testing.T) {
 	}
 }
 
+// sendSplitUpload writes a pass-through POST /up whose body, full
+// (which begins "hello"), goes in two pieces 50 ms apart: its first five
+// bytes, then the rest, chunked or with a Content-Length.
+func sendSplitUpload(c net.Conn, full string, chunked bool) {
+	if chunked {
+		fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+	} else {
+		fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\nhello", len(full))
+	}
+	time.Sleep(50 * time.Millisecond)
+	rest := full[5:]
+	if chunked {
+		rest = fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(rest), rest)
+	}
+	_, _ = io.WriteString(c, rest)
+}
+
 // TestEarlyAnswerNoSilentTruncation: the upstream answers (a
 // flushed stream) after the first piece of the body, then keeps reading;
 // the rest of the body arrives after the proxy flushed the answer's headers,
@@ -1464,17 +1448,7 @@ func TestEarlyAnswerNoSilentTruncation(t *testing.T) {
 			for i := 0; i < 8; i++ {
 				c := dialProxy(t, e)
 				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-				if chunked {
-					fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
-				} else {
-					fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\nhello", len(full))
-				}
-				time.Sleep(50 * time.Millisecond)
-				rest := full[5:]
-				if chunked {
-					rest = fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(rest), rest)
-				}
-				_, _ = io.WriteString(c, rest)
+				sendSplitUpload(c, full, chunked)
 				if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
 					_, _ = io.ReadAll(resp.Body)
 				}
@@ -1531,17 +1505,7 @@ func TestBodyClosedEarlyIsAnError(t *testing.T) {
 			c := dialProxy(t, e)
 			defer c.Close()
 			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			if chunked {
-				fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
-			} else {
-				fmt.Fprintf(c, "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\nhello", len(full))
-			}
-			time.Sleep(50 * time.Millisecond)
-			rest := full[5:]
-			if chunked {
-				rest = fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(rest), rest)
-			}
-			_, _ = io.WriteString(c, rest)
+			sendSplitUpload(c, full, chunked)
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			if err != nil {
 				t.Fatal(err)
@@ -1788,11 +1752,7 @@ func upgradeOverAfter(t *testing.T, e *env, method, path, protocol string, idle 
 // route with the option "upgrade".
 func TestUpgradeRefusedUnlessRouteAllows(t *testing.T) {
 	t.Parallel()
-	routes, err := proxy.ParseRoutes("GET /ws upgrade; POST /ws/off off upgrade")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = routes })
+	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = mustRoutes(t, "GET /ws upgrade; POST /ws/off off upgrade") })
 	e.setUpstream(echoUpgrade)
 
 	status, body := upgradeOver(t, e, http.MethodGet, "/v1/orders", "h2c")

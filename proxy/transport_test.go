@@ -538,11 +538,7 @@ func TestResendOverTLS(t *testing.T) {
 // (CloseWrite), which then answers through the tunnel's other half.
 func TestUpgradeTunnelHalfClose(t *testing.T) {
 	t.Parallel()
-	routes, err := proxy.ParseRoutes("GET /ws upgrade")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = routes })
+	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = mustRoutes(t, "GET /ws upgrade") })
 	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 		conn, brw, err := http.NewResponseController(w).Hijack()
 		if err != nil {

@@ -211,11 +211,9 @@ func TestKeyFromBodyHonoursBodyLimit(t *testing.T) {
 // as a warning (once: the count tells the rest).
 func TestKeyFromBodyNotJSONIsCountedAndWarnedOnce(t *testing.T) {
 	t.Parallel()
-	routes, err := proxy.ParseRoutes("POST /hooks/stripe key=stripe-events scope=; POST /hooks/ce key=cloudevents scope=")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = routes })
+	e := newEnv(t, miniBackend, func(o *proxy.Options) {
+		o.Routes = mustRoutes(t, "POST /hooks/stripe key=stripe-events scope=; POST /hooks/ce key=cloudevents scope=")
+	})
 	bom := "\xef\xbb\xbf" + fmt.Sprintf(stripeEvent, 1)
 	for range 3 {
 		if r := e.do(req{path: "/hooks/stripe", body: bom}); r.StatusCode != http.StatusCreated {
@@ -284,11 +282,7 @@ func TestFingerprintProfiles(t *testing.T) {
 // scope), so a sender whose Authorization changes still redelivers to one key.
 func TestRouteScope(t *testing.T) {
 	t.Parallel()
-	routes, err := proxy.ParseRoutes("POST /noscope scope=; POST /tenant scope=X-Tenant")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = routes })
+	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = mustRoutes(t, "POST /noscope scope=; POST /tenant scope=X-Tenant") })
 	auth := func(v string, extra ...string) http.Header {
 		h := http.Header{"Authorization": {v}}
 		if len(extra) == 2 {
@@ -366,11 +360,9 @@ func FuzzParseKeySource(f *testing.F) {
 // runs once.
 func TestCloudEventsBinaryHeadersArePercentDecoded(t *testing.T) {
 	t.Parallel()
-	routes, err := proxy.ParseRoutes("POST /hooks/events key=cloudevents scope= fingerprint=none")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, realBackend, func(o *proxy.Options) { o.Routes = routes })
+	e := newEnv(t, realBackend, func(o *proxy.Options) {
+		o.Routes = mustRoutes(t, "POST /hooks/events key=cloudevents scope= fingerprint=none")
+	})
 
 	binary := e.do(req{path: "/hooks/events", body: `{"order":"1234"}`, header: http.Header{
 		"Ce-Specversion": {"1.0"},
@@ -411,11 +403,7 @@ func TestCloudEventsBinaryHeadersArePercentDecoded(t *testing.T) {
 // value); the second request here gets 422 naming fingerprint=json.
 func TestJSONFingerprintKeepsNumberPrecision(t *testing.T) {
 	t.Parallel()
-	routes, err := proxy.ParseRoutes("POST /v1/transfers fingerprint=json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = routes })
+	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = mustRoutes(t, "POST /v1/transfers fingerprint=json") })
 	for i, c := range []struct{ first, retry string }{
 		{`{"to_account":820982911946154508,"amount":100}`, `{"to_account":820982911946154509,"amount":100}`},
 		{`{"to_account":1,"fee":1e-400}`, `{"to_account":1,"fee":0}`},
@@ -449,11 +437,7 @@ func TestJSONFingerprintKeepsNumberPrecision(t *testing.T) {
 // fingerprint=json costs O(body) extra memory: here, at most 8x the body
 // beyond what the same request costs with fingerprint=strict.
 func TestJSONFingerprintMemoryBounded(t *testing.T) {
-	routes, err := proxy.ParseRoutes("POST /json fingerprint=json; POST /strict")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = routes })
+	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = mustRoutes(t, "POST /json fingerprint=json; POST /strict") })
 	body := "[" + strings.Repeat("0,", 1<<19-2) + "0]" // just under 1 MiB, the default MAX_BODY_BYTES
 	alloc := func(path, key string) uint64 {
 		var before, after runtime.MemStats
@@ -492,11 +476,9 @@ func TestJSONFingerprintMemoryBounded(t *testing.T) {
 // uses the member's exact source bytes; two different ids never share a key.
 func TestJSONPartDistinctIdsDoNotCollide(t *testing.T) {
 	t.Parallel()
-	routes, err := proxy.ParseRoutes("POST /hooks/stripe key=stripe-events scope= fingerprint=none")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, realBackend, func(o *proxy.Options) { o.Routes = routes })
+	e := newEnv(t, realBackend, func(o *proxy.Options) {
+		o.Routes = mustRoutes(t, "POST /hooks/stripe key=stripe-events scope= fingerprint=none")
+	})
 	for _, pair := range [][2]string{
 		{`{"id":"evt_\ud800","type":"a"}`, `{"id":"evt_\udbff","type":"b"}`},
 		{"{\"id\":\"evt2_\xff\",\"type\":\"a\"}", "{\"id\":\"evt2_\xfe\",\"type\":\"b\"}"},
@@ -523,11 +505,7 @@ func TestJSONPartDistinctIdsDoNotCollide(t *testing.T) {
 // absent, the request has no key and each is forwarded.
 func TestJSONPointerArrayIndexGrammar(t *testing.T) {
 	t.Parallel()
-	routes, err := proxy.ParseRoutes("POST /hooks/items key=json:/items/-0/id scope=")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = routes })
+	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = mustRoutes(t, "POST /hooks/items key=json:/items/-0/id scope=") })
 	body := `{"items":[{"id":"first"}]}`
 	e.do(req{path: "/hooks/items", body: body})
 	r := e.do(req{path: "/hooks/items", body: body})
@@ -556,11 +534,7 @@ func TestJSONPointerArrayIndexGrammar(t *testing.T) {
 // the second identical delivery must not execute.
 func TestQueryPartNotSilentlyDropped(t *testing.T) {
 	t.Parallel()
-	routes, err := proxy.ParseRoutes("POST /hooks/q key=query:id scope=")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, realBackend, func(o *proxy.Options) { o.Routes = routes })
+	e := newEnv(t, realBackend, func(o *proxy.Options) { o.Routes = mustRoutes(t, "POST /hooks/q key=query:id scope=") })
 	for _, q := range []string{"id=evt;1", "id=evt%zz1"} {
 		before := e.calls.Load()
 		first := e.do(req{path: "/hooks/q?" + q, body: "{}"})
@@ -583,11 +557,7 @@ func TestQueryPartNotSilentlyDropped(t *testing.T) {
 // Correct: 400 key-invalid (the part appears twice).
 func TestQueryPartExactlyOnceCountsRejectedPairs(t *testing.T) {
 	t.Parallel()
-	routes, err := proxy.ParseRoutes("POST /hooks/q key=query:id scope=")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = routes })
+	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = mustRoutes(t, "POST /hooks/q key=query:id scope=") })
 	r := e.do(req{path: "/hooks/q?id=a&id=b;c", body: "{}"})
 	if r.StatusCode != http.StatusBadRequest {
 		t.Errorf("?id=a&id=b;c: %d (upstream calls %d), want 400 key-invalid: id appears twice", r.StatusCode, e.calls.Load())
@@ -755,11 +725,9 @@ func TestKeyPartOrderDoesNotChangeTheAnswer(t *testing.T) {
 // the 400 for an unusable part concerns the alternative that is used.
 func TestIncompleteAlternativeDoesNotRefuse(t *testing.T) {
 	t.Parallel()
-	routes, err := proxy.ParseRoutes("POST /hooks/events key=cloudevents scope= fingerprint=none")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = routes })
+	e := newEnv(t, miniBackend, func(o *proxy.Options) {
+		o.Routes = mustRoutes(t, "POST /hooks/events key=cloudevents scope= fingerprint=none")
+	})
 	structured := func(id string) string {
 		return `{"specversion":"1.0","type":"com.example.order.created","source":"/mycontext/orders","id":"` + id + `","data":{"n":1}}`
 	}
