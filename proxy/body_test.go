@@ -38,7 +38,6 @@ func sendOn(t *testing.T, c net.Conn, br *bufio.Reader, raw string, step int) *h
 // within REQUEST_READ_TIMEOUT gets 408 problem+json, nothing is claimed and
 // the upstream is not called.
 func TestSlowKeyedBodyTimesOut(t *testing.T) {
-	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.RequestReadTimeout = 300 * time.Millisecond }, func(t *testing.T, e *env) {
 		c := dialProxy(t, e)
 		defer c.Close()
@@ -187,7 +186,6 @@ func TestStalledPassThroughBody(t *testing.T) {
 // UPSTREAM_TIMEOUT, while a streamed answer whose headers came in time runs
 // past it uncut.
 func TestPassThroughWaitsForHeadersAtMostUpstreamTimeout(t *testing.T) {
-	t.Parallel()
 	routes, err := proxy.ParseRoutes("POST /off off")
 	if err != nil {
 		t.Fatal(err)
@@ -239,7 +237,6 @@ func TestPassThroughWaitsForHeadersAtMostUpstreamTimeout(t *testing.T) {
 // execute: the retry gets its status, recorded without the body, and the
 // upstream is not called again.
 func TestStreamCutByUpstreamTimeoutIsRecorded(t *testing.T) {
-	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.UpstreamTimeout = 300 * time.Millisecond }, func(t *testing.T, e *env) {
 		e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/event-stream")

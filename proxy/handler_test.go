@@ -341,7 +341,6 @@ func TestWaitClaimsWhenFirstIsReleased(t *testing.T) {
 }
 
 func TestWaitRunsOut(t *testing.T) {
-	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.Default.Wait = 150 * time.Millisecond }, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -587,7 +586,6 @@ func TestBrokenAnswerKeepsClaim(t *testing.T) {
 }
 
 func TestLockExpiryTakeover(t *testing.T) {
-	t.Parallel()
 	forBoth(t, func(o *proxy.Options) {
 		o.Default.LockTTL = 300 * time.Millisecond
 		o.UpstreamTimeout = 200 * time.Millisecond
@@ -1096,7 +1094,6 @@ func TestEarlyHintsKeepProxyHeaders(t *testing.T) {
 // TestSlowDialIsUnreachable: a request that never got a connection is 502
 // "unreachable" and released, even when it was the timeout that ended it.
 func TestSlowDialIsUnreachable(t *testing.T) {
-	t.Parallel()
 	forBoth(t, func(o *proxy.Options) {
 		o.UpstreamTimeout = 200 * time.Millisecond
 		o.Transport = testutil.RoundTripFunc(func(r *http.Request) (*http.Response, error) {
@@ -1121,7 +1118,6 @@ func TestSlowDialIsUnreachable(t *testing.T) {
 // could be recorded and nobody took over, the answer is recorded all the
 // same (the upstream did execute): the retry replays it.
 func TestClaimExpiredBeforeCompletion(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, realBackend, func(o *proxy.Options) {
 		o.Default.LockTTL = 150 * time.Millisecond // below UPSTREAM_TIMEOUT: config refuses this, Options do not
 		o.UpstreamTimeout = 2 * time.Second
@@ -1159,7 +1155,6 @@ func TestClaimExpiredBeforeCompletion(t *testing.T) {
 // key over before we could record: the key ran twice, and that is counted
 // and logged with outcome "lost".
 func TestLostCompletionCounted(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, realBackend, func(o *proxy.Options) {
 		o.Default.LockTTL = 150 * time.Millisecond
 		o.UpstreamTimeout = 2 * time.Second
@@ -1441,7 +1436,6 @@ func TestHoldAbandonedClaim(t *testing.T) {
 // arrives, and its token still matches: the real answer is recorded over
 // the unknown state, and later retries replay it.
 func TestHoldSlowOriginalWins(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, realBackend, func(o *proxy.Options) {
 		o.Default.Hold = true
 		o.UpstreamTimeout = 3 * time.Second
@@ -2044,7 +2038,6 @@ func TestHalfClosedKeyedWaiterGetsNoFakeSuccess(t *testing.T) {
 // deadline (UPSTREAM_TIMEOUT, as replays), so the connection is closed
 // when the client stops reading.
 func TestProblemAnswersHaveAWriteDeadline(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.UpstreamTimeout = 300 * time.Millisecond })
 
 	var mu sync.Mutex

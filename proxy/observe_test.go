@@ -300,10 +300,8 @@ func slowPost(t *testing.T, e *env, key string, pieces []string, pause time.Dura
 // follows fails: the client gets the proxy's own error, not the upstream's
 // answer, and the upstream never sees the request.
 func TestObserveSlowBodyForwardedWhole(t *testing.T) {
-	t.Parallel()
 	for _, chunked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
-			t.Parallel()
 			e := newEnv(t, miniBackend, func(o *proxy.Options) {
 				observe(o)
 				o.RequestReadTimeout = 300 * time.Millisecond
@@ -346,7 +344,6 @@ func TestObserveSlowBodyForwardedWhole(t *testing.T) {
 // happens. Observe should not describe enforcement it does not do (the
 // pass-through's plain detail, or one that says the route only observes).
 func TestObserveUpstreamFailureDetailTellsTheTruth(t *testing.T) {
-	t.Parallel()
 	for _, unknown := range []string{"hold", "expire"} {
 		t.Run(unknown, func(t *testing.T) {
 			e := newEnv(t, miniBackend, func(o *proxy.Options) {

@@ -597,7 +597,6 @@ func TestPassthroughBodyReadAfterAnswer(t *testing.T) {
 // with its request_id, and does not blame the upstream. (The access line
 // alone says the upstream's 200.)
 func TestPassthroughBodyStalledAfterTheAnswerBegan(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.UpstreamTimeout = 5 * time.Second
 		o.RequestReadTimeout = 300 * time.Millisecond
@@ -625,7 +624,6 @@ func TestPassthroughBodyStalledAfterTheAnswerBegan(t *testing.T) {
 // TestPassthroughBodyStalledBeforeTheAnswer: the same stall before any
 // answer is the 408 of plainError, told once, not also as a cut answer.
 func TestPassthroughBodyStalledBeforeTheAnswer(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.UpstreamTimeout = 5 * time.Second
 		o.RequestReadTimeout = 300 * time.Millisecond
@@ -680,7 +678,6 @@ func TestPassthroughKeepAliveAfterWholeBody(t *testing.T) {
 // REQUEST_READ_TIMEOUT, gets its 502 within about twice that, not after
 // its whole body.
 func TestPassthroughUpstreamDownTrickleBounded(t *testing.T) {
-	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -810,7 +807,6 @@ func TestClientBodyBreakIsNotUpstreamsBreak(t *testing.T) {
 // connection is held, past REQUEST_READ_TIMEOUT, for as long as the client
 // keeps it open; nothing is logged but the access line's 200.
 func TestCompleteAnswerThenBodyStall(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.UpstreamTimeout = time.Second
 		o.RequestReadTimeout = 300 * time.Millisecond
@@ -1578,7 +1574,6 @@ func (o outliveTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // ReverseProxy wraps the outgoing body in noopCloseReader, closed when the
 // handler returns, so a read after that never reaches idleBody.
 func TestLateReadAfterCloseLeavesNoDeadline(t *testing.T) {
-	t.Parallel()
 	ot := outliveTransport{calls: new(atomic.Int64), lateRead: make(chan struct{}), lateErr: make(chan error, 1), slow: 900 * time.Millisecond}
 	e := newEnv(t, miniBackend, func(o *proxy.Options) {
 		o.Transport = ot

@@ -1,7 +1,7 @@
 package proxy
 
-// What the upstream receives of a hostile or unusual
-// incoming trace context when tracing is on.
+// What the upstream receives of a hostile or unusual incoming trace
+// context when tracing is on.
 
 import (
 	"context"
