@@ -374,12 +374,12 @@ func TestClaimStatesDuringSlotMigration(t *testing.T) {
 					terms := claim.Terms{LockTTL: time.Second, TTL: time.Hour, Hold: hold}
 					k := claim.NewKey(nil, name)
 					key := claim.RecordKey(prefix, k)
-					var claimedAt time.Time
+					var claimedBy time.Time // the lock began before this
 					first := func() {
-						claimedAt = time.Now()
 						if l, _, err := s.Acquire(ctx, k, fp("A"), terms); err != nil || l == nil {
 							t.Fatalf("first claim (%s): %v", where, err)
 						}
+						claimedBy = time.Now()
 					}
 					if where == "source" {
 						first()
@@ -391,7 +391,7 @@ func TestClaimStatesDuringSlotMigration(t *testing.T) {
 					if _, _, err := s.Acquire(ctx, k, fp("A"), terms); err != claim.ErrInFlight {
 						t.Errorf("in-flight duplicate while slot %d migrates: %v", slot, err)
 					}
-					time.Sleep(time.Until(claimedAt.Add(terms.LockTTL + 100*time.Millisecond)))
+					time.Sleep(time.Until(claimedBy.Add(terms.LockTTL + 100*time.Millisecond)))
 					l, _, err := s.Acquire(ctx, k, fp("A"), terms)
 					if hold {
 						if _, ok := err.(*claim.UnknownError); !ok {

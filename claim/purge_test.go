@@ -1130,7 +1130,6 @@ func TestWatchProbeRefusedTurnsCacheOff(t *testing.T) {
 // &<prefix>purge gives the same refusal), so the cache stays on, unsubscribed,
 // and a purge is never heard: the purged record is replayed from memory.
 func TestCacheOffWhenResubscribeIsRefused(t *testing.T) {
-	t.Parallel()
 	srv := redistest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -306,7 +306,6 @@ func scriptOutcome(rdb *redis.Client, key string, v any, err error) string {
 // A non-numeric lock deadline is left out: see
 // TestCompleteFastPathWritesBeforeFailing.
 func TestCompleteFastPathMatchesGeneral(t *testing.T) {
-	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	fast := redis.NewScript(scripts.Complete)
