@@ -37,7 +37,7 @@ func TestLargeCompletionDuringSlotMigration(t *testing.T) {
 		for _, size := range []int{1 << 10, 100 << 10} {
 			name := fmt.Sprintf("%s/%dKiB", format, size>>10)
 			t.Run(name, func(t *testing.T) {
-				prefix := "r71mig:"
+				prefix := "migcomplete:"
 				s := claim.NewStore(rdb, prefix, nil, claim.StringRecords(format == "string"))
 				k := claim.NewKey(nil, name)
 				key := claim.RecordKey(prefix, k)
@@ -111,7 +111,7 @@ func TestLargeCompletionAfterKeyMigrated(t *testing.T) {
 		for _, moved := range []bool{false, true} {
 			name := fmt.Sprintf("%s/moved=%v", prior, moved)
 			t.Run(name, func(t *testing.T) {
-				prefix := "r72mig:"
+				prefix := "migmoved:"
 				terms := claim.Terms{LockTTL: 300 * time.Millisecond, TTL: time.Hour}
 				s := claim.NewStore(rdb, prefix, nil, claim.StringRecords(true))
 				k := claim.NewKey(nil, name)
@@ -216,7 +216,7 @@ func readAsking(t *testing.T, n *redistest.Server, key, flag string) ([]byte, ti
 func TestStringDuplicateCommands(t *testing.T) {
 	t.Parallel()
 	checkDuplicateCommands(t, "s", func(rdb *redis.Client, key, st string, now int64) {
-		v := r75enc(st, r75other, r75fp, r75up, fmt.Sprint(now), fmt.Sprint(now+60000), "", "", "ANSWER")
+		v := encString(st, otherToken, dupFP, dupUpstream, fmt.Sprint(now), fmt.Sprint(now+60000), "", "", "ANSWER")
 		if err := rdb.Set(ctx, key, v, time.Hour).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -238,8 +238,8 @@ func checkDuplicateCommands(t *testing.T, form string, write func(rdb *redis.Cli
 		fp   string
 		want map[string]int64
 	}{
-		{"replay of a completed key", "c", r75fp, replay},
-		{"in flight", "i", r75fp, inflight},
+		{"replay of a completed key", "c", dupFP, replay},
+		{"in flight", "i", dupFP, inflight},
 		{"another fingerprint (422)", "c", strings.Repeat("g", 32), mismatch},
 	} {
 		t.Run(dup.name, func(t *testing.T) {
@@ -249,7 +249,7 @@ func checkDuplicateCommands(t *testing.T, form string, write func(rdb *redis.Cli
 			if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
 				t.Fatal(err)
 			}
-			if err := cur.Run(ctx, rdb, []string{key}, r75tok, dup.fp, 30000, 600000, r75up, "", form, "").Err(); err != nil {
+			if err := cur.Run(ctx, rdb, []string{key}, dupToken, dup.fp, 30000, 600000, dupUpstream, "", form, "").Err(); err != nil {
 				t.Fatal(err)
 			}
 			got := commandStats(t, rdb.Info(ctx, "commandstats").Val())
@@ -279,7 +279,7 @@ func TestPurgeDuringSlotMigration(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRedirects: 1})
 	t.Cleanup(func() { _ = rdb.Close() })
-	prefix := "r75purge:"
+	prefix := "migpurge:"
 	s := claim.NewStore(rdb, prefix, nil)
 	in := claim.NewInspector(rdb, prefix)
 	terms := claim.Terms{LockTTL: time.Minute, TTL: time.Hour, Hold: true}
@@ -318,8 +318,8 @@ func TestClaimTimesOnRedisClock(t *testing.T) {
 	mr.SetTime(virt)
 	vms := virt.UnixMilli()
 	for _, str := range []bool{true, false} {
-		s := claim.NewStore(rdb, fmt.Sprintf("r75clk%v:", str), nil, claim.StringRecords(str))
-		in := claim.NewInspector(rdb, fmt.Sprintf("r75clk%v:", str))
+		s := claim.NewStore(rdb, fmt.Sprintf("clock%v:", str), nil, claim.StringRecords(str))
+		in := claim.NewInspector(rdb, fmt.Sprintf("clock%v:", str))
 		k := claim.NewKey(nil, "clock")
 		if _, _, err := s.Acquire(ctx, k, fp("A"), claim.Terms{LockTTL: time.Second, TTL: time.Hour}); err != nil {
 			t.Fatal(err)
@@ -367,7 +367,7 @@ func TestClaimStatesDuringSlotMigration(t *testing.T) {
 			for _, hold := range []bool{false, true} {
 				name := fmt.Sprintf("%s/string=%v/hold=%v", where, str, hold)
 				t.Run(name, func(t *testing.T) {
-					prefix := "r75mig:"
+					prefix := "migstates:"
 					s := claim.NewStore(rdb, prefix, nil, claim.StringRecords(str))
 					// A lock long enough to outlast setting up the migration
 					// on a loaded machine; the test then waits out what is left.
@@ -427,7 +427,7 @@ func TestDuplicatePropagatesNothing(t *testing.T) {
 		t.Fatal("no master_repl_offset")
 		return ""
 	}
-	s := claim.NewStore(mc, "r75wait:", nil, claim.StringRecords(true), claim.WaitReplicas(1, 2*time.Second))
+	s := claim.NewStore(mc, "dupwait:", nil, claim.StringRecords(true), claim.WaitReplicas(1, 2*time.Second))
 	terms := claim.Terms{LockTTL: time.Minute, TTL: time.Hour}
 	done, busy := claim.NewKey(nil, "done"), claim.NewKey(nil, "busy")
 	l, _, err := s.Acquire(ctx, done, fp("A"), terms)
@@ -456,16 +456,16 @@ func TestDuplicatePropagatesNothing(t *testing.T) {
 	}
 }
 
-// r75enc encodes a string record as the scripts do.
-func r75enc(st, tok, fp, up, at, ld, ct, tr, rec string) string {
+// encString encodes a string record as the scripts do.
+func encString(st, tok, fp, up, at, ld, ct, tr, rec string) string {
 	return "R2" + string([]byte{byte(len(st)), byte(len(tok)), byte(len(fp)), byte(len(up)), byte(len(at)),
 		byte(len(ld)), byte(len(ct)), byte(len(tr))}) + st + tok + fp + up + at + ld + ct + tr + rec
 }
 
 const (
-	r75tok   = "tokentokentoken1" // the caller's token (16 bytes)
-	r75other = "othertokenother2"
-	r75up    = "upstreamupstream"
+	dupToken    = "tokentokentoken1" // the caller's token (16 bytes)
+	otherToken  = "othertokenother2"
+	dupUpstream = "upstreamupstream"
 )
 
-var r75fp = strings.Repeat("f", 32)
+var dupFP = strings.Repeat("f", 32)

@@ -207,7 +207,7 @@ func TestLargeRecordOnMiniredis(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	terms := claim.Terms{LockTTL: time.Minute, TTL: time.Hour}
-	s := claim.NewStore(rdb, "mr70:", nil, claim.StringRecords(true))
+	s := claim.NewStore(rdb, "mrlarge:", nil, claim.StringRecords(true))
 	for _, size := range []int{65536 - 9, 65536 - 8, 65536, 65537, 100 << 10} {
 		for _, lost := range []bool{false, true} {
 			name := fmt.Sprintf("%d/lost=%v", size, lost)
@@ -217,13 +217,13 @@ func TestLargeRecordOnMiniredis(t *testing.T) {
 				t.Fatalf("%s: claim %v", name, err)
 			}
 			if lost {
-				mr.Del(claim.RecordKey("mr70:", k))
+				mr.Del(claim.RecordKey("mrlarge:", k))
 			}
 			rec := &claim.Record{Status: 201, Body: bytes.Repeat([]byte{0, 1, 2, 0xff}, size/4+1)[:size]}
 			if err := l.Complete(ctx, rec, time.Hour); err != nil {
 				t.Fatalf("%s: complete %v", name, err)
 			}
-			if ttl := mr.TTL(claim.RecordKey("mr70:", k)); ttl != time.Hour {
+			if ttl := mr.TTL(claim.RecordKey("mrlarge:", k)); ttl != time.Hour {
 				t.Errorf("%s: TTL %v, want 1h", name, ttl)
 			}
 			_, got, err := s.Acquire(ctx, k, fp("A"), terms)
@@ -380,13 +380,13 @@ func TestLargeRecordReplicasAndAOF(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	s := claim.NewStore(rdb, "r70:", nil, claim.StringRecords(true), claim.WaitReplicas(1, 5*time.Second))
+	s := claim.NewStore(rdb, "large:", nil, claim.StringRecords(true), claim.WaitReplicas(1, 5*time.Second))
 	terms := claim.Terms{LockTTL: time.Minute, TTL: time.Hour}
 	for _, size := range []int{100 << 10, 1536 << 10} {
 		for _, lost := range []bool{false, true} {
 			name := fmt.Sprintf("%d/lost=%v", size, lost)
 			k := claim.NewKey(nil, name)
-			key := claim.RecordKey("r70:", k)
+			key := claim.RecordKey("large:", k)
 			l, _, err := s.Acquire(ctx, k, fp("A"), terms)
 			if err != nil || l == nil {
 				t.Fatalf("%s: claim %v", name, err)
@@ -667,7 +667,7 @@ func TestLargeRecordOverEveryPriorValue(t *testing.T) {
 						if up != "" {
 							opts = append(opts, claim.Upstream(up))
 						}
-						prefix := "r72p:"
+						prefix := "prior:"
 						s := claim.NewStore(be.rdb, prefix, nil, opts...)
 						k := claim.NewKey(nil, name)
 						key := claim.RecordKey(prefix, k)

@@ -157,7 +157,7 @@ func TestFastPathsMatchGeneralPaths(t *testing.T) {
 // record answers 0.
 func TestHashDuplicateCommands(t *testing.T) {
 	checkDuplicateCommands(t, "", func(rdb *redis.Client, key, st string, now int64) {
-		f := []any{"st", st, "tok", r75other, "fp", r75fp, "up", r75up, "at", fmt.Sprint(now), "ld", fmt.Sprint(now + 60000)}
+		f := []any{"st", st, "tok", otherToken, "fp", dupFP, "up", dupUpstream, "at", fmt.Sprint(now), "ld", fmt.Sprint(now + 60000)}
 		if st == "c" {
 			f = append(f, "rec", "ANSWER", "ct", fmt.Sprint(now))
 		}
@@ -181,12 +181,12 @@ func TestHashClaimOverHashWithoutState(t *testing.T) {
 	if err := rdb.HSet(ctx, key, "x", "y", "tok", "someone-elses-tk").Err(); err != nil {
 		t.Fatal(err)
 	}
-	v, err := cur.Run(ctx, rdb, []string{key}, r75tok, r75fp, 30000, 600000, r75up, "", "", "").Slice()
+	v, err := cur.Run(ctx, rdb, []string{key}, dupToken, dupFP, 30000, 600000, dupUpstream, "", "", "").Slice()
 	if err != nil || len(v) != 1 || v[0] != "claimed" {
 		t.Fatalf("claim over a hash without st: %v %v", v, err)
 	}
 	h := rdb.HGetAll(ctx, key).Val()
-	if h["st"] != "i" || h["tok"] != r75tok || h["fp"] != r75fp || h["up"] != r75up || h["at"] == "" || h["ld"] == "" {
+	if h["st"] != "i" || h["tok"] != dupToken || h["fp"] != dupFP || h["up"] != dupUpstream || h["at"] == "" || h["ld"] == "" {
 		t.Errorf("the claim's record: %v", h)
 	}
 	if ttl := rdb.PTTL(ctx, key).Val(); ttl <= 0 || ttl > 600*time.Second {
@@ -214,9 +214,9 @@ func TestHashClaimErrorLeavesNothing(t *testing.T) {
 		rdb  *redis.Client
 		args []any
 	}{
-		{"lock TTL not a number", admin, []any{r75tok, r75fp, "30s", 600000, r75up, "", "", ""}},
-		{"four arguments", admin, []any{r75tok, r75fp, 30000, 600000}},
-		{"HSET refused (ACL)", nohset, []any{r75tok, r75fp, 30000, 600000, r75up, "", "", ""}},
+		{"lock TTL not a number", admin, []any{dupToken, dupFP, "30s", 600000, dupUpstream, "", "", ""}},
+		{"four arguments", admin, []any{dupToken, dupFP, 30000, 600000}},
+		{"HSET refused (ACL)", nohset, []any{dupToken, dupFP, 30000, 600000, dupUpstream, "", "", ""}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := "hwf:{err " + tc.name + "}"
@@ -226,7 +226,7 @@ func TestHashClaimErrorLeavesNothing(t *testing.T) {
 			if typ := admin.Type(ctx, key).Val(); typ != "none" {
 				t.Errorf("the failed claim left a %s: %v, PTTL %v", typ, admin.HGetAll(ctx, key).Val(), admin.PTTL(ctx, key).Val())
 			}
-			v, err := cur.Run(ctx, admin, []string{key}, r75tok, r75fp, 30000, 600000, r75up, "", "", "").Slice()
+			v, err := cur.Run(ctx, admin, []string{key}, dupToken, dupFP, 30000, 600000, dupUpstream, "", "", "").Slice()
 			if err != nil || len(v) != 1 || v[0] != "claimed" {
 				t.Errorf("the next good claim: %v %v, want claimed", v, err)
 			}

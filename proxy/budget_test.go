@@ -1229,7 +1229,7 @@ func TestBufferBudgetReturnsToZeroAcrossPaths(t *testing.T) {
 			)
 			for round := range rounds {
 				for _, p := range paths {
-					key := fmt.Sprintf("r68-%s-%d", p[1:], round)
+					key := fmt.Sprintf("paths-%s-%d", p[1:], round)
 					wg.Add(1)
 					go func() {
 						defer wg.Done()
@@ -1259,7 +1259,7 @@ func TestBufferBudgetReturnsToZeroAcrossPaths(t *testing.T) {
 
 			for round := range rounds {
 				for _, p := range paths {
-					key := fmt.Sprintf("r68-%s-%d", p[1:], round)
+					key := fmt.Sprintf("paths-%s-%d", p[1:], round)
 					f := firsts[key]
 					r := e.doTo(e.srv, req{path: p, key: key, body: "body-" + key})
 					switch p {
