@@ -113,6 +113,7 @@ func TestBreakerFailsFastWhileRedisStalls(t *testing.T) {
 // TestBreakerOpensOnRefusedConnections: a Redis that is gone (connections
 // refused) opens the Breaker too, and it closes when Redis is back.
 func TestBreakerOpensOnRefusedConnections(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	s, b, _ := breakerClient(t, srv, time.Second)
 	srv.Kill()

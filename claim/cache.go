@@ -9,7 +9,7 @@ import (
 // insertion evicted first. Records in it are shared and must not be
 // modified.
 //
-// A record handed out to replay (getHeld, putHeld) is held until the request
+// A record handed out to replay (get, put) is held until the request
 // releases it (Record.Release), and counted in size until then even when it
 // leaves the cache: the proxy writes a cached record without counting it in
 // MAX_BUFFERED_BYTES, to clients that may read slowly for UPSTREAM_TIMEOUT,
@@ -47,7 +47,7 @@ type cacheEntry struct {
 	expires time.Time
 	size    int
 	c       *replayCache
-	readers int  // requests holding rec (getHeld, putHeld), until Release
+	readers int  // requests holding rec (get, put), until Release
 	gone    bool // out of m while held: still counted in size
 }
 
@@ -55,13 +55,9 @@ func newReplayCache(maxBytes int, maxAge time.Duration) *replayCache {
 	return &replayCache{maxBytes: maxBytes, maxAge: maxAge, m: map[Key]*cacheEntry{}}
 }
 
-func (c *replayCache) get(k Key) (Fingerprint, *Record, uint64, bool) { return c.lookup(k, false) }
-
-// getHeld is get for a request that replays the record: it holds it until
-// the record's Release.
-func (c *replayCache) getHeld(k Key) (Fingerprint, *Record, uint64, bool) { return c.lookup(k, true) }
-
-func (c *replayCache) lookup(k Key, hold bool) (Fingerprint, *Record, uint64, bool) {
+// get returns k's cached record, with the generation at the lookup, for a
+// request that replays it: the request holds it until the record's Release.
+func (c *replayCache) get(k Key) (Fingerprint, *Record, uint64, bool) {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -73,9 +69,7 @@ func (c *replayCache) lookup(k Key, hold bool) (Fingerprint, *Record, uint64, bo
 		c.remove(k, e)
 		return Fingerprint{}, nil, c.gen, false
 	}
-	if hold {
-		c.hold(e)
-	}
+	c.hold(e)
 	return e.fp, e.rec, c.gen, true
 }
 
@@ -105,20 +99,12 @@ func (c *replayCache) release(e *cacheEntry) {
 }
 
 // put caches rec, decoded from an encoding of encodedLen bytes (which its
-// body still refers to), until expires (when Redis drops it) or maxAge.
-// gen is the generation read before rec was read from Redis: if a purge
-// (evict or clear) came since, rec is not cached.
+// body still refers to), until expires (when Redis drops it) or maxAge,
+// for the request that read rec and replays it: if rec is cached
+// (rec.Cached), that request holds it until rec.Release. gen is the
+// generation read before rec was read from Redis: if a purge (evict or
+// clear) came since, rec is not cached.
 func (c *replayCache) put(k Key, fp Fingerprint, rec *Record, encodedLen int, expires time.Time, gen uint64) {
-	c.insert(k, fp, rec, encodedLen, expires, gen, false)
-}
-
-// putHeld is put for the request that read rec and replays it: if rec is
-// cached (rec.Cached), that request holds it until rec.Release.
-func (c *replayCache) putHeld(k Key, fp Fingerprint, rec *Record, encodedLen int, expires time.Time, gen uint64) {
-	c.insert(k, fp, rec, encodedLen, expires, gen, true)
-}
-
-func (c *replayCache) insert(k Key, fp Fingerprint, rec *Record, encodedLen int, expires time.Time, gen uint64, hold bool) {
 	size := recordSize(rec, encodedLen)
 	if size > c.maxBytes/8 { // one large answer must not flush everything else
 		return
@@ -141,9 +127,7 @@ func (c *replayCache) insert(k Key, fp Fingerprint, rec *Record, encodedLen int,
 		c.remove(k, old)
 	}
 	rec.Cached, rec.pin = true, e
-	if hold {
-		c.hold(e)
-	}
+	c.hold(e)
 	c.m[k] = e
 	c.size += size
 	c.queue = append(c.queue, queued{k, e})

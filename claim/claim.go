@@ -343,7 +343,7 @@ type Lease struct {
 func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, terms Terms) (*Lease, *Record, error) {
 	var gen uint64 // on a miss: a purge from now on keeps this read's replay out of the cache
 	if s.cache != nil {
-		cfp, rec, g, ok := s.cache.getHeld(key)
+		cfp, rec, g, ok := s.cache.get(key)
 		if ok {
 			if cfp != fp {
 				rec.Release()
@@ -412,7 +412,7 @@ func (s *Store) Acquire(ctx context.Context, key Key, fp Fingerprint, terms Term
 			if pttl, perr := strconv.ParseInt(args[1], 10, 64); perr == nil && pttl > 0 {
 				// Redis measured the remaining TTL after we sent the claim:
 				// counting from the send keeps the entry inside it.
-				s.cache.putHeld(key, fp, rec, len(enc), start.Add(time.Duration(pttl)*time.Millisecond), gen)
+				s.cache.put(key, fp, rec, len(enc), start.Add(time.Duration(pttl)*time.Millisecond), gen)
 			}
 		}
 		return nil, rec, nil

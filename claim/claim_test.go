@@ -5,7 +5,11 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +17,9 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
@@ -47,6 +54,22 @@ func backends(t *testing.T) []backend {
 
 var ctx = context.Background()
 
+// TestMain runs the tests that call t.Parallel up to 8 at a time, not
+// GOMAXPROCS (2 on the project's machines): they spend their time waiting
+// on lock TTLs, upstream and read deadlines and probe periods, not on the
+// CPU. The tests that measure the heap, count allocations or goroutines, or
+// set GOMAXPROCS do not call t.Parallel, so they run before them, alone.
+// An explicit -parallel wins.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", "8")
+	}
+	os.Exit(m.Run())
+}
+
 func fp(s string) claim.Fingerprint {
 	var f claim.Fingerprint
 	copy(f[:], s)
@@ -54,6 +77,7 @@ func fp(s string) claim.Fingerprint {
 }
 
 func TestAcquireLifecycle(t *testing.T) {
+	t.Parallel()
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			s := claim.NewStore(be.rdb, "test:", nil)
@@ -145,6 +169,7 @@ func TestReleaseLetsRetryExecute(t *testing.T) {
 // TestFencing: a claim whose lock expired and was taken over can neither
 // overwrite nor release the record of the request that took over.
 func TestFencing(t *testing.T) {
+	t.Parallel()
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			s := claim.NewStore(be.rdb, "test:", nil)
@@ -188,6 +213,7 @@ func TestFencing(t *testing.T) {
 }
 
 func TestRecordExpiresAfterTTL(t *testing.T) {
+	t.Parallel()
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			s := claim.NewStore(be.rdb, "test:", nil)
@@ -249,6 +275,7 @@ func TestNoScript(t *testing.T) {
 
 // TestConcurrentAcquire: many clients racing on one key, one lease.
 func TestConcurrentAcquire(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	const n = 50
 	for round := range 5 {
@@ -281,6 +308,7 @@ func TestConcurrentAcquire(t *testing.T) {
 }
 
 func TestRedisDown(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	s := claim.NewStore(srv.Client(), "test:", nil)
 	srv.Kill()
@@ -336,6 +364,7 @@ func TestKeysShareHashTag(t *testing.T) {
 // default in idemproxy): one lease among racing claims, NOSCRIPT fallback
 // inside a batch, and a prompt error when Redis is gone.
 func TestAutoPipeline(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: 1, DialerRetries: 1}) // as idemproxy sets them
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -391,6 +420,7 @@ func TestAutoPipeline(t *testing.T) {
 // recorded all the same (the upstream did execute), with the claim's
 // fingerprint: the retry replays it, and another body is still a mismatch.
 func TestCompleteAfterExpiry(t *testing.T) {
+	t.Parallel()
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			var results []string
@@ -433,6 +463,7 @@ func TestCompleteAfterExpiry(t *testing.T) {
 // TestCompleteAfterTakeover: when the expired claim was taken over, the
 // late completion writes nothing and reports ErrLost (the key ran twice).
 func TestCompleteAfterTakeover(t *testing.T) {
+	t.Parallel()
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
 			s := claim.NewStore(be.rdb, "test:", nil)
@@ -500,6 +531,7 @@ func TestUpstreamBinding(t *testing.T) {
 // TestUnavailable: only an unreachable or failing-over Redis counts as an
 // outage; a Redis that refuses (OOM) does not.
 func TestUnavailable(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	if err := rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
@@ -535,6 +567,7 @@ func TestUnavailable(t *testing.T) {
 // with Redis gone), mismatches are still refused, and nothing outlives the
 // record's TTL in Redis.
 func TestReplayCache(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	var hits atomic.Int64
 	s := claim.NewStore(srv.Client(), "test:", func(ev claim.Event) {
@@ -580,5 +613,565 @@ func TestKeyStringAllocatesOnce(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { _ = k.String() }); n != 1 {
 		t.Errorf("Key.String allocates %v times, want 1", n)
+	}
+}
+
+// recordFields reads the record at key whole, in either form: a hash's
+// fields, or a string record decoded here, independently of the scripts'
+// codec ('R2', the lengths of st, tok, fp, up, at, ld, ct and tr in one byte
+// each, those fields, then rec). Empty fields are left out, as the scripts read
+// them. nil: no such key.
+func recordFields(t *testing.T, rdb redis.Cmdable, key string) map[string]string {
+	t.Helper()
+	typ, err := rdb.Type(ctx, key).Result()
+	if err != nil {
+		t.Fatalf("TYPE %s: %v", key, err)
+	}
+	out := map[string]string{}
+	switch typ {
+	case "none":
+		return nil
+	case "hash":
+		h, err := rdb.HGetAll(ctx, key).Result()
+		if err != nil {
+			t.Fatalf("HGETALL %s: %v", key, err)
+		}
+		for f, v := range h {
+			if v != "" {
+				out[f] = v
+			}
+		}
+		return out
+	case "string":
+		v, err := rdb.Get(ctx, key).Result()
+		if err != nil {
+			t.Fatalf("GET %s: %v", key, err)
+		}
+		f, ok := decodeStringRecord(v)
+		if !ok {
+			t.Fatalf("%s: %q is not a string record", key, v)
+		}
+		return f
+	}
+	t.Fatalf("%s is a Redis %s, not a record", key, typ)
+	return nil
+}
+
+func decodeStringRecord(v string) (map[string]string, bool) {
+	if len(v) < 10 || v[:2] != "R2" {
+		return nil, false
+	}
+	out, p := map[string]string{}, 10
+	for i, f := range []string{"st", "tok", "fp", "up", "at", "ld", "ct", "tr"} {
+		n := int(v[2+i])
+		if p+n > len(v) {
+			return nil, false
+		}
+		if n > 0 {
+			out[f] = v[p : p+n]
+		}
+		p += n
+	}
+	if p < len(v) {
+		out["rec"] = v[p:]
+	}
+	return out, true
+}
+
+var holdTerms = claim.Terms{LockTTL: 100 * time.Millisecond, TTL: time.Hour, Hold: true}
+
+// unknownStatus returns the status of an ErrUnknown, and whether this
+// request entered the state; it fails the test for anything else.
+// Use: unknownStatus(t)(s.Acquire(...)).
+func unknownStatus(t *testing.T) func(*claim.Lease, *claim.Record, error) (int, bool) {
+	return func(lease *claim.Lease, rec *claim.Record, err error) (int, bool) {
+		t.Helper()
+		var u *claim.UnknownError
+		if lease != nil || rec != nil || !errors.As(err, &u) || !errors.Is(err, claim.ErrUnknown) {
+			t.Fatalf("got lease %v, record %v, err %v; want ErrUnknown", lease, rec, err)
+		}
+		return u.Status, u.Entered
+	}
+}
+
+// TestHoldLockExpired is case (c) of ON_UNKNOWN=hold: a claim whose lock
+// expired (its proxy died) is never taken over; the claim script itself
+// turns it unknown, and it stays so past the lock TTL. A different
+// fingerprint still gets a mismatch, and the original proxy, slow rather
+// than dead, may still record its real answer (its token matches): the
+// real answer wins over unknown.
+func TestHoldLockExpired(t *testing.T) {
+	t.Parallel()
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			var results []string
+			s := claim.NewStore(be.rdb, "test:", func(ev claim.Event) {
+				if ev.Op == claim.OpComplete {
+					results = append(results, ev.Result)
+				}
+			})
+			key := claim.NewKey(nil, "held")
+			// A lock long enough that a stalled test goroutine still finds it running.
+			terms := holdTerms
+			terms.LockTTL = time.Second
+			orig, _, err := s.Acquire(ctx, key, fp("A"), terms)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := s.Acquire(ctx, key, fp("A"), terms); !errors.Is(err, claim.ErrInFlight) {
+				t.Fatalf("before the lock expires: %v, want ErrInFlight", err)
+			}
+			be.advance(t, terms.LockTTL+250*time.Millisecond)
+			if status, entered := unknownStatus(t)(s.Acquire(ctx, key, fp("A"), terms)); status != 504 || !entered {
+				t.Errorf("first request after the lock expired: status %d entered %v, want 504 true", status, entered)
+			}
+			// Unknown for the key's TTL: asked of Redis, which no stall blurs.
+			if pttl, err := be.rdb.PTTL(ctx, claim.RecordKey("test:", key)).Result(); err != nil || pttl < terms.TTL/2 {
+				t.Errorf("the unknown record expires in %v (%v; TTL %v, lock TTL %v): once it does, a retry executes the key again", pttl, err, terms.TTL, terms.LockTTL)
+			}
+			be.advance(t, terms.LockTTL+250*time.Millisecond) // past the lock TTL again: still no execution
+			if status, entered := unknownStatus(t)(s.Acquire(ctx, key, fp("A"), terms)); status != 504 || entered {
+				t.Errorf("later request: status %d entered %v, want 504 false", status, entered)
+			}
+			// A route without hold does not take an unknown key over either.
+			expire := claim.Terms{LockTTL: 100 * time.Millisecond, TTL: time.Hour}
+			unknownStatus(t)(s.Acquire(ctx, key, fp("A"), expire))
+			if _, _, err := s.Acquire(ctx, key, fp("B"), terms); !errors.Is(err, claim.ErrMismatch) {
+				t.Errorf("other fingerprint: %v, want ErrMismatch", err)
+			}
+			if err := orig.Complete(ctx, &claim.Record{Status: 201, Body: []byte("real")}, time.Hour); err != nil {
+				t.Fatalf("late completion by the original claimant: %v", err)
+			}
+			if !orig.Recreated || len(results) != 1 || results[0] != "late" {
+				t.Errorf("Recreated %v, observed %v; want true, [late]", orig.Recreated, results)
+			}
+			if _, rec, err := s.Acquire(ctx, key, fp("A"), terms); err != nil || rec == nil || string(rec.Body) != "real" {
+				t.Errorf("after the late completion: %v %v, want the real answer replayed", rec, err)
+			}
+		})
+	}
+}
+
+// TestHoldRecorded is cases (a) and (b): the proxy records the outcome as
+// unknown with the status it answered; retries get that status, never a
+// lease, until the record is purged; then exactly one request executes.
+func TestHoldRecorded(t *testing.T) {
+	t.Parallel()
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			s := claim.NewStore(be.rdb, "test:", nil)
+			key := claim.NewKey(nil, "timedout")
+			lease, _, err := s.Acquire(ctx, key, fp("A"), holdTerms)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := lease.Hold(ctx, 502, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			if err := lease.Hold(ctx, 502, time.Hour); err != nil { // resent after a lost reply
+				t.Fatalf("resent Hold: %v", err)
+			}
+			be.advance(t, 250*time.Millisecond)
+			if status, entered := unknownStatus(t)(s.Acquire(ctx, key, fp("A"), holdTerms)); status != 502 || entered {
+				t.Errorf("retry: status %d entered %v, want 502 false", status, entered)
+			}
+			// The purge (idemproxy keys purge deletes the record).
+			if err := be.rdb.Del(ctx, claim.RecordKey("test:", key)).Err(); err != nil {
+				t.Fatal(err)
+			}
+			next, _, err := s.Acquire(ctx, key, fp("A"), holdTerms)
+			if err != nil || next == nil {
+				t.Fatalf("after purge: %v %v, want a lease", next, err)
+			}
+			// The purged claimant cannot overwrite the new claim.
+			if err := lease.Hold(ctx, 502, time.Hour); !errors.Is(err, claim.ErrLost) {
+				t.Errorf("stale Hold after purge and a new claim: %v, want ErrLost", err)
+			}
+		})
+	}
+}
+
+// TestHoldNeverDowngradesACompletion: Hold after Complete by the same lease
+// changes nothing; Hold on a vanished claim records unknown all the same.
+func TestHoldNeverDowngradesACompletion(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			s := claim.NewStore(be.rdb, "test:", nil)
+			key := claim.NewKey(nil, "done")
+			lease, _, err := s.Acquire(ctx, key, fp("A"), holdTerms)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := lease.Complete(ctx, &claim.Record{Status: 200}, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			if err := lease.Hold(ctx, 504, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			if _, rec, err := s.Acquire(ctx, key, fp("A"), holdTerms); err != nil || rec == nil || rec.Status != 200 {
+				t.Errorf("after Hold on a completed key: %v %v, want the replay of 200", rec, err)
+			}
+
+			gone := claim.NewKey(nil, "gone")
+			lease, _, err = s.Acquire(ctx, gone, fp("A"), holdTerms)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = be.rdb.Del(ctx, claim.RecordKey("test:", gone)) // lost in a failover
+			if err := lease.Hold(ctx, 504, time.Hour); err != nil || !lease.Recreated {
+				t.Fatalf("Hold on a vanished claim: %v (recreated %v)", err, lease.Recreated)
+			}
+			unknownStatus(t)(s.Acquire(ctx, gone, fp("A"), holdTerms))
+			if _, _, err := s.Acquire(ctx, gone, fp("B"), holdTerms); !errors.Is(err, claim.ErrMismatch) {
+				t.Errorf("other fingerprint on a recreated unknown: %v, want ErrMismatch", err)
+			}
+		})
+	}
+}
+
+// TestExpireModeTakesOverAnyFingerprint: without hold, an expired lock frees
+// the key as it did when the lock was the record's own expiry: any request
+// takes it over, whatever its fingerprint.
+func TestExpireModeTakesOverAnyFingerprint(t *testing.T) {
+	t.Parallel()
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			s := claim.NewStore(be.rdb, "test:", nil)
+			key := claim.NewKey(nil, "expire")
+			terms := claim.Terms{LockTTL: 100 * time.Millisecond, TTL: time.Hour}
+			if _, _, err := s.Acquire(ctx, key, fp("A"), terms); err != nil {
+				t.Fatal(err)
+			}
+			be.advance(t, 250*time.Millisecond)
+			lease, _, err := s.Acquire(ctx, key, fp("B"), terms)
+			if err != nil || lease == nil || !lease.TakenOver {
+				t.Fatalf("after the lock expired: %v %v, want a takeover", lease, err)
+			}
+		})
+	}
+}
+
+// TestHoldRace: many requests find one expired claim at once, against a
+// real Redis. The transition is inside the claim script, so none of them
+// executes and exactly one reports having entered the state.
+func TestHoldRace(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	s := claim.NewStore(srv.Client(), "test:", nil)
+	key := claim.NewKey(nil, "race")
+	if _, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: 50 * time.Millisecond, TTL: time.Hour, Hold: true}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // let the lock expire on Redis's clock
+	const n = 50
+	var (
+		wg                      sync.WaitGroup
+		mu                      sync.Mutex
+		leases, entered, others int
+	)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lease, _, err := s.Acquire(ctx, key, fp("A"), holdTerms)
+			var u *claim.UnknownError
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case lease != nil:
+				leases++
+			case errors.As(err, &u) && u.Entered:
+				entered++
+			case errors.As(err, &u):
+			default:
+				others++
+			}
+		}()
+	}
+	wg.Wait()
+	if leases != 0 || entered != 1 || others != 0 {
+		t.Errorf("%d concurrent requests: %d leases, %d entered unknown, %d other results; want 0, 1, 0", n, leases, entered, others)
+	}
+}
+
+// TestMaxReplay: a completed record larger than Terms.MaxReplay is not sent
+// with the claim's reply, only its size (Redis's output shows it); read
+// again with a bound of that size it comes whole. Both record formats.
+func TestMaxReplay(t *testing.T) {
+	t.Parallel()
+	for _, be := range backends(t) {
+		for _, format := range []string{"hash", "string"} {
+			t.Run(be.name+"/"+format, func(t *testing.T) {
+				s := claim.NewStore(be.rdb, "test:", nil, claim.StringRecords(format == "string"))
+				key := claim.NewKey(nil, "large-"+format)
+				terms := claim.Terms{LockTTL: time.Minute, TTL: time.Hour}
+				lease, _, err := s.Acquire(ctx, key, fp("A"), terms)
+				if err != nil || lease == nil {
+					t.Fatalf("claim: %v %v", lease, err)
+				}
+				body := bytes.Repeat([]byte("x"), 64<<10)
+				if err := lease.Complete(ctx, &claim.Record{Status: 201, Body: body}, time.Hour); err != nil {
+					t.Fatal(err)
+				}
+
+				small := terms
+				small.MaxReplay = 1024
+				out := netOutput(t, be.rdb)
+				_, rec, err := s.Acquire(ctx, key, fp("A"), small)
+				var large *claim.LargeRecordError
+				if !errors.As(err, &large) || rec != nil {
+					t.Fatalf("MaxReplay 1024: rec %v err %v, want a LargeRecordError", rec != nil, err)
+				}
+				if large.Size <= int64(len(body)) || large.Size > int64(len(body))+1024 {
+					t.Errorf("LargeRecordError.Size %d, want the encoded record's (a little over %d)", large.Size, len(body))
+				}
+				if sent := netOutput(t, be.rdb) - out; out >= 0 && sent > 4096 {
+					t.Errorf("Redis sent %d bytes for a claim bounded to 1024: the record came anyway", sent)
+				}
+				if _, _, err := s.Acquire(ctx, key, fp("B"), small); !errors.Is(err, claim.ErrMismatch) {
+					t.Errorf("another fingerprint: %v, want ErrMismatch (the bound tells nothing of the record)", err)
+				}
+
+				exact := terms
+				exact.MaxReplay = large.Size
+				if _, rec, err := s.Acquire(ctx, key, fp("A"), exact); err != nil || rec == nil || !bytes.Equal(rec.Body, body) || rec.Status != 201 {
+					t.Fatalf("MaxReplay = the size: rec %v err %v, want the record", rec != nil, err)
+				}
+				if _, rec, err := s.Acquire(ctx, key, fp("A"), terms); err != nil || rec == nil || !bytes.Equal(rec.Body, body) {
+					t.Fatalf("MaxReplay 0 (any): rec %v err %v, want the record", rec != nil, err)
+				}
+			})
+		}
+	}
+}
+
+// netOutput is Redis's total_net_output_bytes, or -1 where INFO does not
+// report it (miniredis).
+func netOutput(t *testing.T, rdb redis.UniversalClient) int64 {
+	t.Helper()
+	n, err := redistest.OutputBytes(ctx, rdb)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// TestWaitReplicas: with WaitReplicas, claims and completions are
+// acknowledged by a replica; with the replica gone, a claim is refused
+// (ErrNotReplicated) and released rather than left in flight.
+func TestWaitReplicas(t *testing.T) {
+	t.Parallel()
+	master := redistest.Start(t)
+	replica := redistest.Start(t, "replicaof 127.0.0.1 "+strconv.Itoa(master.Port()))
+	mc, rc := master.Client(), replica.Client()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		// Synced on the replica's side, and online (acknowledging) on the master's.
+		info, err := rc.Info(ctx, "replication").Result()
+		minfo, merr := mc.Info(ctx, "replication").Result()
+		if err == nil && merr == nil && strings.Contains(info, "master_link_status:up") && strings.Contains(minfo, "state=online") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica did not sync within 10s: %v %s", err, info)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	s := claim.NewStore(mc, "test:", nil, claim.WaitReplicas(1, 3*time.Second))
+	key := claim.NewKey(nil, "replicated")
+	lease, _, err := s.Acquire(ctx, key, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
+	if err != nil {
+		t.Fatalf("Acquire with a live replica: %v", err)
+	}
+	// The claim is on the replica the moment Acquire returns.
+	if n, err := rc.Exists(ctx, "test:{"+hexKey(key)+"}").Result(); err != nil || n != 1 {
+		t.Errorf("replica has the claim: %d, %v; want 1", n, err)
+	}
+	if err := lease.Complete(ctx, &claim.Record{Status: 201}, time.Hour); err != nil {
+		t.Fatalf("Complete with a live replica: %v", err)
+	}
+	if st := recordFields(t, rc, "test:{"+hexKey(key)+"}")["st"]; st != "c" {
+		t.Errorf("replica's record state %q; want c", st)
+	}
+
+	// NOSCRIPT goes through the pipelined path too.
+	if err := mc.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Acquire(ctx, claim.NewKey(nil, "after-flush"), fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err != nil {
+		t.Fatalf("Acquire after SCRIPT FLUSH: %v", err)
+	}
+
+	replica.Kill()
+	s = claim.NewStore(mc, "test:", nil, claim.WaitReplicas(1, 500*time.Millisecond))
+	start := time.Now()
+	lone := claim.NewKey(nil, "unreplicated")
+	_, _, err = s.Acquire(ctx, lone, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour})
+	if !errors.Is(err, claim.ErrNotReplicated) {
+		t.Fatalf("Acquire without replica: got %v, want ErrNotReplicated", err)
+	}
+	if took := time.Since(start); took < 400*time.Millisecond {
+		t.Errorf("gave up after %v, before the 500ms WAIT timeout", took)
+	}
+	// Released, not left in flight: a store without WaitReplicas claims it.
+	if lease, _, err := claim.NewStore(mc, "test:", nil).Acquire(ctx, lone, fp("A"), claim.Terms{LockTTL: time.Minute, TTL: time.Hour}); err != nil || lease == nil {
+		t.Errorf("after ErrNotReplicated: got %v, %v; want the key free", lease, err)
+	}
+}
+
+func hexKey(k claim.Key) string {
+	const digits = "0123456789abcdef"
+	b := make([]byte, 0, 2*len(k))
+	for _, c := range k {
+		b = append(b, digits[c>>4], digits[c&15])
+	}
+	return string(b)
+}
+
+// The execution's trace is stored beside the record (field tr) and comes
+// back with every replay, from Redis and from the replay cache; without a
+// trace nothing is written. With Tracing, each script run is a child span of
+// the caller's.
+func TestRecordTrace(t *testing.T) {
+	t.Parallel()
+	const tr = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := context.Background()
+			rec := tracetest.NewSpanRecorder()
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+			s := claim.NewStore(be.rdb, "trace:"+be.name+":", nil, claim.ReplayCache(1<<20, time.Minute), claim.Tracing(tp))
+			terms := claim.Terms{LockTTL: time.Minute, TTL: time.Hour}
+			for i, want := range []string{tr, ""} {
+				key := claim.NewKey(nil, "k"+string(rune('0'+i)))
+				parent, span := tp.Tracer("test").Start(ctx, "request")
+				lease, _, err := s.Acquire(parent, key, claim.Fingerprint{1}, terms)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := lease.Complete(parent, &claim.Record{Status: 201, Trace: want}, time.Hour); err != nil {
+					t.Fatal(err)
+				}
+				span.End()
+				got, ok := recordFields(t, be.rdb, claim.RecordKey("trace:"+be.name+":", key))["tr"]
+				if want == "" && ok {
+					t.Errorf("field tr: got %q, want none written", got)
+				}
+				if want != "" && got != want {
+					t.Errorf("field tr: got %q, want %q", got, want)
+				}
+				for j, from := range []string{"Redis", "the replay cache"} {
+					_, r, err := s.Acquire(ctx, key, claim.Fingerprint{1}, terms)
+					if err != nil || r == nil || r.Trace != want {
+						t.Fatalf("replay %d (from %s): got %+v, %v; want Trace %q", j, from, r, err, want)
+					}
+				}
+			}
+			var claims, completes int
+			for _, sp := range rec.Ended() {
+				attrs := attribute.NewSet(sp.Attributes()...)
+				switch sp.Name() {
+				case "redis claim":
+					claims++
+				case "redis complete":
+					completes++
+					if !sp.Parent().IsValid() {
+						t.Errorf("redis complete: no parent; want the caller's span")
+					}
+					if v, _ := attrs.Value("idempotency.script.result"); v.AsString() != "ok" {
+						t.Errorf("redis complete result: got %q, want ok", v.AsString())
+					}
+				}
+				if v, _ := attrs.Value("db.system.name"); sp.Name() != "request" && v.AsString() != "redis" {
+					t.Errorf("%s: db.system.name %q, want redis", sp.Name(), v.AsString())
+				}
+			}
+			// Two claims, two replays from Redis; the cached replays run no script.
+			if claims != 4 || completes != 2 {
+				t.Errorf("spans: got %d redis claim and %d redis complete, want 4 and 2", claims, completes)
+			}
+		})
+	}
+}
+
+// oldClaimLua is scripts/claim.lua as of 632c74b, the version before the
+// lock deadline moved into the record: what a replica not yet upgraded
+// runs during a rolling upgrade.
+const oldClaimLua = `
+local cur = redis.call('HMGET', KEYS[1], 'st', 'fp', 'rec', 'tok', 'up')
+if cur[1] then
+  if cur[5] and cur[5] ~= '' and ARGV[5] ~= '' and cur[5] ~= ARGV[5] then
+    return {'otherupstream'}
+  end
+  if cur[2] ~= ARGV[2] then
+    return {'mismatch'}
+  end
+  if cur[1] == 'c' then
+    return {'replay', cur[3], tostring(redis.call('PTTL', KEYS[1]))}
+  end
+  if cur[4] == ARGV[1] then
+    return {'claimed'}
+  end
+  return {'inflight'}
+end
+local t = redis.call('TIME')
+local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local prev = redis.call('GET', KEYS[2])
+redis.call('HSET', KEYS[1], 'st', 'i', 'tok', ARGV[1], 'fp', ARGV[2], 'at', now, 'up', ARGV[5])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('SET', KEYS[2], now, 'PX', ARGV[4])
+if prev then
+  return {'takeover', string.format('%d', tonumber(now) - tonumber(prev))}
+end
+return {'claimed'}
+`
+
+// oldClaim claims key as a replica of the previous version does: an
+// in-flight record that expires with its lock (PEXPIRE), and a ":m" claim
+// mark that remembers the claim for the key's TTL.
+func oldClaim(t *testing.T, be backend, key claim.Key, f claim.Fingerprint, lock, ttl time.Duration) {
+	t.Helper()
+	rec := claim.RecordKey("test:", key)
+	v, err := redis.NewScript(oldClaimLua).Run(ctx, be.rdb, []string{rec, rec + ":m"},
+		"old-replica-token", f[:], lock.Milliseconds(), ttl.Milliseconds(), "").StringSlice()
+	if err != nil || len(v) == 0 || v[0] != "claimed" {
+		t.Fatalf("old claim.lua: %v %v", v, err)
+	}
+}
+
+// TestOldVersionClaimAfterMarkDropped: a replica of a version before
+// 2026-11-23 claimed a key and died mid-request. Its record expires with its
+// lock, and its ":m" claim mark, which versions from 2026-11-23 to 2026-11
+// read for one release, is no longer read (README, "Upgrading and rolling
+// back": upgrade from those versions through one that reads it). While its
+// lock lives the key is in flight, with either ON_UNKNOWN; after it, the
+// next request claims the key as a new one (no takeover, not held as
+// unknown), and the mark is left as it was, to expire with its TTL.
+func TestOldVersionClaimAfterMarkDropped(t *testing.T) {
+	t.Parallel()
+	for _, be := range backends(t) {
+		for _, hold := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/hold=%v", be.name, hold), func(t *testing.T) {
+				s := claim.NewStore(be.rdb, "test:", nil)
+				key := claim.NewKey(nil, fmt.Sprintf("old-inflight-%v", hold))
+				rec := claim.RecordKey("test:", key)
+				// A lock long enough that a stalled test goroutine still finds it running.
+				terms := claim.Terms{LockTTL: time.Second, TTL: time.Hour, Hold: hold}
+				oldClaim(t, be, key, fp("A"), terms.LockTTL, terms.TTL)
+				if _, _, err := s.Acquire(ctx, key, fp("A"), terms); !errors.Is(err, claim.ErrInFlight) {
+					t.Fatalf("within the old claim's lock: %v, want ErrInFlight", err)
+				}
+				mark := be.rdb.Get(ctx, rec+":m").Val()
+				be.advance(t, terms.LockTTL+250*time.Millisecond) // past the old lock: its record is gone, its mark is not
+				lease, _, err := s.Acquire(ctx, key, fp("A"), terms)
+				if err != nil || lease == nil || lease.TakenOver {
+					t.Fatalf("after the old claim's lock: lease %v, err %v; want a new claim (the mark is not read)", lease, err)
+				}
+				if got := be.rdb.Get(ctx, rec+":m").Val(); got != mark || mark == "" {
+					t.Errorf("the old mark: %q after the claim, %q before; want it left as it was", got, mark)
+				}
+			})
+		}
 	}
 }

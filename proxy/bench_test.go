@@ -16,6 +16,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemproxy/idemproxy/claim"
 )
@@ -229,8 +231,8 @@ func BenchmarkBareReverseProxy(b *testing.B) {
 
 // BenchmarkKeySource1KiB is the handler's own cost for a first request
 // with a 1 KiB JSON body, its key from the Idempotency-Key header or from
-// the body's "id" (key=json:/id): issue 11's "a json: key source adds no
-// more than 10 % proxy CPU" measured without the noise of a shared machine.
+// the body's "id" (key=json:/id): the target "a json: key source adds
+// no more than 10 % proxy CPU" measured without the noise of a shared machine.
 func BenchmarkKeySource1KiB(b *testing.B) {
 	body := `{"id":"evt_1NGqQ2LkdIwHu7ixaxS2bDnD","object":"event","api_version":"2023-10-16","created":1686089970,` +
 		`"data":{"object":{"id":"pi_3NGqPzLkdIwHu7ix0YbwwpJ8","object":"payment_intent","amount":2000,"amount_capturable":0,` +
@@ -295,7 +297,7 @@ func memoryOptions(routes []Route) Options {
 // TestReplayAllocations bounds what a cached replay allocates in the
 // handler, the request id and its header included: a request's log lines
 // take its id as a field, so no logger, context or request copy is made per
-// request (they were four allocations on every request; issue 14).
+// request (they were four allocations on every request).
 func TestReplayAllocations(t *testing.T) {
 	rec := (&claim.Record{Status: 201, Header: map[string][]string{
 		"Content-Type": {"application/json"}, "Content-Length": {"200"},
@@ -322,5 +324,53 @@ func TestReplayAllocations(t *testing.T) {
 	t.Logf("%.0f allocations per cached replay in the handler (%.0f in the test's request)", total-setup, setup)
 	if n := total - setup; n > 13 {
 		t.Errorf("%.0f allocations per cached replay in the handler, want at most 13", n)
+	}
+}
+
+// BenchmarkHandlerOwnCostTraced is BenchmarkHandlerOwnCost with tracing on:
+// every request sampled, its spans (server, upstream client, one per Redis
+// script) batched to an exporter that discards them. The difference is what
+// tracing costs the proxy per request; tracing off is BenchmarkHandlerOwnCost.
+func BenchmarkHandlerOwnCostTraced(b *testing.B) {
+	for _, sampler := range []struct {
+		name string
+		s    sdktrace.Sampler
+	}{{"sampled", sdktrace.AlwaysSample()}, {"sampled_out", sdktrace.NeverSample()}} {
+		b.Run(sampler.name, func(b *testing.B) {
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler.s), sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+			b.Cleanup(func() { _ = tp.Shutdown(b.Context()) })
+			opts := memoryOptions(nil)
+			opts.TracerProvider = tp
+			h, err := New(claim.NewStore(phaseScripter{}, "idem:", nil, claim.Tracing(tp)), opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				serve(b, h, "k")
+			}
+		})
+	}
+}
+
+// BenchmarkHandlerReplayCachedTraced is BenchmarkHandlerReplayCached with
+// every request sampled: a replay's server span, with its link to the
+// recorded execution, batched to an exporter that discards it.
+func BenchmarkHandlerReplayCachedTraced(b *testing.B) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+	b.Cleanup(func() { _ = tp.Shutdown(b.Context()) })
+	rec := &claim.Record{Status: 201, Header: map[string][]string{
+		"Content-Type": {"application/json"}, "Content-Length": {"200"},
+	}, Body: []byte(upstreamBody)}
+	opts := memoryOptions(nil)
+	opts.TracerProvider = tp
+	h, err := New(claim.NewStore(replayScripter{rec: string(rec.Encode()), trace: "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"}, "idem:", nil,
+		claim.ReplayCache(1<<20, time.Minute), claim.Tracing(tp)), opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		serve(b, h, "same")
 	}
 }

@@ -3,11 +3,14 @@ package proxy_test
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -49,6 +52,22 @@ const (
 )
 
 var bothBackends = []string{miniBackend, realBackend}
+
+// TestMain runs the tests that call t.Parallel up to 8 at a time, not
+// GOMAXPROCS (2 on the project's machines): they spend their time waiting
+// on lock TTLs, upstream and read deadlines and probe periods, not on the
+// CPU. The tests that measure the heap, count allocations or goroutines, or
+// set GOMAXPROCS do not call t.Parallel, so they run before them, alone.
+// An explicit -parallel wins.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", "8")
+	}
+	os.Exit(m.Run())
+}
 
 // defaultOptions mirror the contract's defaults, with short lock and
 // upstream timeouts so that expiry tests run in well under a second.
@@ -345,4 +364,39 @@ func (g *gate) handler(next http.HandlerFunc) http.HandlerFunc {
 		}
 		next(w, r)
 	}
+}
+
+// dialProxy opens a raw connection to e's proxy, for requests written by
+// hand.
+func dialProxy(t *testing.T, e *env) net.Conn {
+	t.Helper()
+	return dialServer(t, e.srv)
+}
+
+// dialServer opens a raw connection to srv.
+func dialServer(t *testing.T, srv *httptest.Server) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", srv.Listener.Addr().String(), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// echoCreated answers 201 with the request's body, with its length.
+func echoCreated(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	w.Header().Set("Content-Length", fmt.Sprint(len(b)))
+	w.WriteHeader(http.StatusCreated)
+	_, _ = w.Write(b)
+}
+
+// mustRoutes parses a ROUTES spec, failing t on an error.
+func mustRoutes(t *testing.T, spec string) []proxy.Route {
+	t.Helper()
+	rs, err := proxy.ParseRoutes(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
 }

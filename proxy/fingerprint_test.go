@@ -19,9 +19,10 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/idemproxy/idemproxy/claim"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
+
+	"github.com/idemproxy/idemproxy/claim"
 )
 
 // TestFingerprintAcrossSizes: a body hashed beside the fields and one hashed
@@ -30,6 +31,7 @@ import (
 // enough to leave the stack buffer; records written by earlier versions keep
 // matching, and concurrent hashers do not share a state.
 func TestFingerprintAcrossSizes(t *testing.T) {
+	t.Parallel()
 	paths := []string{"/orders", "/" + strings.Repeat("p", 300)}
 	sizes := []int{0, 1, 200, 255, 256, 257, 4096, 4097, 70000}
 	for _, path := range paths {
@@ -106,6 +108,7 @@ func refSortedQuery(raw string) string {
 // gave, on awkward and random queries (so fingerprints of records made
 // before still match).
 func TestSortedQueryMatchesParseQuery(t *testing.T) {
+	t.Parallel()
 	queries := []string{"", "a=1", "b=2&a=1", "a=2&a=1&a=10", "&&a=1&&", "a", "a=", "=v", "a=%zz", "a=1;b=2", "k%20x=%2B+y",
 		"a=1&A=1&a=0", "é=ü&%C3%A9=x", strings.Repeat("z=1&", 3000) + "a=2", "v=" + strings.Repeat("y", 9000) + "&a=" + strings.Repeat("%42", 3000)}
 	r := rand.New(rand.NewPCG(3986, 1))

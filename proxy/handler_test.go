@@ -1,21 +1,32 @@
 package proxy_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testutil"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -32,6 +43,7 @@ func forBoth(t *testing.T, mutate func(*proxy.Options), test func(t *testing.T, 
 }
 
 func TestNoKeyIsForwardedAndNotStored(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		for i := range 2 {
 			r := e.do(req{body: "x"})
@@ -52,6 +64,7 @@ func TestNoKeyIsForwardedAndNotStored(t *testing.T) {
 }
 
 func TestKeyRequired(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.Default.Required = true }, func(t *testing.T, e *env) {
 		r := e.do(req{body: "x"})
 		if r.StatusCode != http.StatusBadRequest {
@@ -72,6 +85,7 @@ func TestKeyRequired(t *testing.T) {
 }
 
 func TestInvalidKeys(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.MaxKeyLength = 8 }, func(t *testing.T, e *env) {
 		cases := map[string]http.Header{
 			"empty":       {"Idempotency-Key": {""}},
@@ -106,6 +120,7 @@ func TestInvalidKeys(t *testing.T) {
 }
 
 func TestBodyTooLarge(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.MaxBodyBytes = 10 }, func(t *testing.T, e *env) {
 		r := e.do(req{key: "big", body: strings.Repeat("x", 11)})
 		if r.StatusCode != http.StatusRequestEntityTooLarge {
@@ -139,6 +154,7 @@ func TestBodyTooLarge(t *testing.T) {
 }
 
 func TestFirstIsRecordedAndReplayed(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		first := e.do(req{key: "order-1", body: `{"amount":100}`})
 		if first.StatusCode != http.StatusCreated {
@@ -180,6 +196,7 @@ func TestFirstIsRecordedAndReplayed(t *testing.T) {
 }
 
 func TestBinaryBodiesReplayByteExact(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		payload := make([]byte, 64<<10)
 		for i := range payload {
@@ -205,6 +222,7 @@ func TestBinaryBodiesReplayByteExact(t *testing.T) {
 }
 
 func TestMismatch(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.Methods = []string{"POST", "PATCH"} }, func(t *testing.T, e *env) {
 		if r := e.do(req{key: "m", path: "/v1/orders?a=1&b=2", body: "one"}); r.StatusCode != http.StatusCreated {
 			t.Fatalf("first: %d", r.StatusCode)
@@ -235,6 +253,7 @@ func TestMismatch(t *testing.T) {
 }
 
 func TestInFlight(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -268,6 +287,7 @@ func TestInFlight(t *testing.T) {
 }
 
 func TestWaitReplaysWhenFirstCompletes(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.Default.Wait = 5 * time.Second }, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -293,6 +313,7 @@ func TestWaitReplaysWhenFirstCompletes(t *testing.T) {
 }
 
 func TestWaitClaimsWhenFirstIsReleased(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.Default.Wait = 5 * time.Second }, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -339,6 +360,7 @@ func TestWaitRunsOut(t *testing.T) {
 }
 
 func TestRedisDownFailClosed(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		e.stopRedis()
 		r := e.do(req{key: "down", body: "b"})
@@ -359,6 +381,7 @@ func TestRedisDownFailClosed(t *testing.T) {
 }
 
 func TestRedisDownFailOpen(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) { o.Default.FailOpen = true }, func(t *testing.T, e *env) {
 		e.stopRedis()
 		for range 2 {
@@ -388,6 +411,7 @@ func (e *env) stopRedis() {
 }
 
 func TestDialErrorReleases(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -421,6 +445,7 @@ func TestDialErrorReleases(t *testing.T) {
 }
 
 func TestUpstream5xx(t *testing.T) {
+	t.Parallel()
 	fail := func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		w.WriteHeader(http.StatusInternalServerError)
@@ -499,6 +524,7 @@ func TestUpstreamTimeoutKeepsClaim(t *testing.T) {
 // TestBrokenAnswerKeepsClaim: the upstream got the request and then dropped
 // the connection (reset before answering, or mid-body): outcome unknown.
 func TestBrokenAnswerKeepsClaim(t *testing.T) {
+	t.Parallel()
 	hangUp := func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.ReadAll(r.Body)
 		conn, _, err := http.NewResponseController(w).Hijack()
@@ -591,6 +617,7 @@ func TestLockExpiryTakeover(t *testing.T) {
 }
 
 func TestLargeResponseNotStored(t *testing.T) {
+	t.Parallel()
 	big := bytes.Repeat([]byte("0123456789"), 200) // 2000 bytes
 	forBoth(t, func(o *proxy.Options) { o.MaxStoredBytes = 1000 }, func(t *testing.T, e *env) {
 		for name, upstream := range map[string]http.HandlerFunc{
@@ -639,6 +666,7 @@ func TestLargeResponseNotStored(t *testing.T) {
 }
 
 func TestScope(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		alice := http.Header{"Authorization": {"Bearer alice"}}
 		bob := http.Header{"Authorization": {"Bearer bob"}}
@@ -670,6 +698,7 @@ func TestScope(t *testing.T) {
 }
 
 func TestRoutes(t *testing.T) {
+	t.Parallel()
 	routes, err := proxy.ParseRoutes(`POST /v1/webhooks/* off; POST /v1/payments/* required lock=3s; PUT /v1/items/{id} ttl=1m; POST /v1/short ttl=200ms`)
 	if err != nil {
 		t.Fatal(err)
@@ -725,6 +754,7 @@ func TestRoutes(t *testing.T) {
 // TestClientDisconnectStillRecords: the client gives up mid-request; the
 // upstream call runs to its end and is recorded, so the retry replays.
 func TestClientDisconnectStillRecords(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -757,6 +787,7 @@ func TestClientDisconnectStillRecords(t *testing.T) {
 // TestClientGoneMidBody: the client stops reading while a large body is
 // being copied; the copy goes on and the answer is recorded.
 func TestClientGoneMidBody(t *testing.T) {
+	t.Parallel()
 	forBoth(t, func(o *proxy.Options) {
 		o.MaxStoredBytes = 8 << 20
 		// Copying 4 MiB under -race on a loaded 2-core machine can take over a second.
@@ -794,6 +825,7 @@ func TestClientGoneMidBody(t *testing.T) {
 // TestConcurrentSameKey: N concurrent requests with one key reach the
 // upstream once; the others get 409 (or, once it completed, the replay).
 func TestConcurrentSameKey(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		const n = 50
 		e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
@@ -846,6 +878,7 @@ func TestConcurrentSameKey(t *testing.T) {
 // runs; a second request executes; the first's late completion must not
 // overwrite the second's record.
 func TestFencedCompletion(t *testing.T) {
+	t.Parallel()
 	forBoth(t, nil, func(t *testing.T, e *env) {
 		g := newGate()
 		defer g.open()
@@ -894,6 +927,7 @@ func fingerprintOf(method, path, query, body string) claim.Fingerprint {
 // scripts loaded) is used again without restarting the proxy; the claim
 // falls back from EVALSHA to EVAL on NOSCRIPT.
 func TestRedisRestartAndNoScript(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, realBackend, nil)
 	if r := e.do(req{key: "before", body: "b"}); r.StatusCode != http.StatusCreated {
 		t.Fatalf("before: %d", r.StatusCode)
@@ -920,5 +954,1180 @@ func TestRedisRestartAndNoScript(t *testing.T) {
 	}
 	if e.calls.Load() != 3 {
 		t.Errorf("upstream calls %d, want 3", e.calls.Load())
+	}
+}
+
+// TestExpectContinueNotForwarded: the body is buffered already; an upstream
+// that never sends "100 Continue" must not delay a keyed request.
+func TestExpectContinueNotForwarded(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for range 10 {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func(c net.Conn) {
+				defer c.Close()
+				r, err := http.ReadRequest(bufio.NewReader(c)) // never sends 100 Continue
+				if err != nil {
+					return
+				}
+				b, _ := io.ReadAll(r.Body)
+				fmt.Fprintf(c, "HTTP/1.1 201 Created\r\nContent-Length: 0\r\nX-Saw-Expect: %s\r\nX-Len: %d\r\n\r\n", r.Header.Get("Expect"), len(b))
+			}(c)
+		}
+	}()
+	e := newEnv(t, miniBackend, func(o *proxy.Options) {
+		o.Upstream, _ = url.Parse("http://" + ln.Addr().String())
+		o.UpstreamTimeout = 3 * time.Second
+		o.Default.LockTTL = 5 * time.Second
+	})
+	hr, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/orders", strings.NewReader(strings.Repeat("a", 2000)))
+	hr.Header.Set("Idempotency-Key", "exp")
+	hr.Header.Set("Expect", "100-continue")
+	start := time.Now()
+	resp, err := e.srv.Client().Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	took := time.Since(start)
+	if resp.StatusCode != http.StatusCreated || resp.Header.Get("X-Saw-Expect") != "" || resp.Header.Get("X-Len") != "2000" {
+		t.Errorf("status %d, upstream saw Expect=%q and %s body bytes; want 201, no Expect, 2000", resp.StatusCode, resp.Header.Get("X-Saw-Expect"), resp.Header.Get("X-Len"))
+	}
+	if took > 800*time.Millisecond {
+		t.Errorf("took %v: the proxy waited for a 100 Continue", took)
+	}
+}
+
+// TestUnreadableRecord: a record this version cannot decode is a 500 and
+// never a re-execution, even when failing open.
+func TestUnreadableRecord(t *testing.T) {
+	t.Parallel()
+	forBoth(t, func(o *proxy.Options) { o.Default.FailOpen = true }, func(t *testing.T, e *env) {
+		key := claim.NewKey([]string{""}, "garbled")
+		redisKey := "idem:{" + fmt.Sprintf("%x", key[:]) + "}"
+		fp := fingerprintOf(http.MethodPost, "/v1/orders", "", "b")
+		if err := e.rdb.HSet(context.Background(), redisKey, "st", "c", "fp", string(fp[:]), "rec", "not a record").Err(); err != nil {
+			t.Fatal(err)
+		}
+		r := e.do(req{key: "garbled", body: "b"})
+		if r.StatusCode != http.StatusInternalServerError {
+			t.Fatalf("status %d, want 500", r.StatusCode)
+		}
+		if p := r.problem(t); p["type"] != "urn:idemproxy:problem:record-unreadable" {
+			t.Errorf("problem %v", p)
+		}
+		if e.calls.Load() != 0 {
+			t.Errorf("upstream called %d times for a completed key", e.calls.Load())
+		}
+	})
+}
+
+// TestStopWaiting: on shutdown a waiting duplicate answers 409 at once
+// instead of holding SHUTDOWN_TIMEOUT.
+func TestStopWaiting(t *testing.T) {
+	t.Parallel()
+	forBoth(t, func(o *proxy.Options) { o.Default.Wait = 30 * time.Second }, func(t *testing.T, e *env) {
+		g := newGate()
+		defer g.open()
+		e.setUpstream(g.handler(e.created))
+		go e.do(req{key: "sw", body: "b"})
+		g.wait(t)
+		waiter := make(chan response, 1)
+		go func() { waiter <- e.do(req{key: "sw", body: "b"}) }()
+		eventually(t, 5*time.Second, "waiter polls Redis", func() bool {
+			return counter(t, e.reg, "idemproxy_redis_script_duration_seconds", map[string]string{"script": "claim", "result": "inflight"}) >= 1
+		})
+		start := time.Now()
+		e.h.StopWaiting()
+		select {
+		case w := <-waiter:
+			if w.StatusCode != http.StatusConflict || w.Header.Get("Retry-After") != "1" {
+				t.Errorf("waiter: %d Retry-After %q, want 409 with Retry-After", w.StatusCode, w.Header.Get("Retry-After"))
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatalf("waiter still waiting 2s after StopWaiting")
+		}
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("waiter answered %v after StopWaiting", took)
+		}
+		g.open()
+	})
+}
+
+// TestEarlyHintsKeepProxyHeaders: ReverseProxy clears the header map after
+// relaying a 1xx; the final answer still carries the key echo.
+func TestEarlyHintsKeepProxyHeaders(t *testing.T) {
+	t.Parallel()
+	forBoth(t, nil, func(t *testing.T, e *env) {
+		e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Link", "</style.css>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+			e.created(w, r)
+		})
+		for _, path := range []string{"/v1/orders", "/v1/orders?keyed=no"} {
+			key := "hints"
+			if strings.Contains(path, "keyed=no") {
+				key = ""
+			}
+			r := e.do(req{key: key, path: path, body: "b"})
+			if r.StatusCode != http.StatusCreated {
+				t.Fatalf("%s: status %d", path, r.StatusCode)
+			}
+			if r.Header.Get("X-Request-Id") == "" {
+				t.Errorf("%s: X-Request-Id lost after a 103", path)
+			}
+			if key != "" && r.Header.Get("Idempotency-Key") != key {
+				t.Errorf("%s: echo %q after a 103, want %q", path, r.Header.Get("Idempotency-Key"), key)
+			}
+		}
+	})
+}
+
+// TestSlowDialIsUnreachable: a request that never got a connection is 502
+// "unreachable" and released, even when it was the timeout that ended it.
+func TestSlowDialIsUnreachable(t *testing.T) {
+	forBoth(t, func(o *proxy.Options) {
+		o.UpstreamTimeout = 200 * time.Millisecond
+		o.Transport = testutil.RoundTripFunc(func(r *http.Request) (*http.Response, error) {
+			<-r.Context().Done() // a dial that hangs until the deadline
+			return nil, r.Context().Err()
+		})
+	}, func(t *testing.T, e *env) {
+		r := e.do(req{key: "slowdial", body: "b"})
+		if r.StatusCode != http.StatusBadGateway {
+			t.Fatalf("status %d, want 502", r.StatusCode)
+		}
+		if p := r.problem(t); p["type"] != "urn:idemproxy:problem:upstream-unreachable" {
+			t.Errorf("problem %v", p)
+		}
+		if keys := e.redisKeys(); len(keys) != 0 {
+			t.Errorf("claim not released: keys %v", keys)
+		}
+	})
+}
+
+// TestClaimExpiredBeforeCompletion: when the lock expired before the answer
+// could be recorded and nobody took over, the answer is recorded all the
+// same (the upstream did execute): the retry replays it.
+func TestClaimExpiredBeforeCompletion(t *testing.T) {
+	e := newEnv(t, realBackend, func(o *proxy.Options) {
+		o.Default.LockTTL = 150 * time.Millisecond // below UPSTREAM_TIMEOUT: config refuses this, Options do not
+		o.UpstreamTimeout = 2 * time.Second
+	})
+	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(400 * time.Millisecond)
+		e.created(w, r)
+	})
+	r := e.do(req{key: "late", body: "b"})
+	if r.StatusCode != http.StatusCreated {
+		t.Fatalf("status %d, want the upstream's 201", r.StatusCode)
+	}
+	if got := counter(t, e.reg, "idemproxy_record_failures_total", nil); got != 0 {
+		t.Errorf("record failures %v, want 0", got)
+	}
+	if got := counter(t, e.reg, "idemproxy_redis_script_duration_seconds", map[string]string{"script": "complete", "result": "late"}); got != 1 {
+		t.Errorf("late completions %v, want 1", got)
+	}
+	if !strings.Contains(e.logs.String(), "answer recorded all the same") {
+		t.Errorf("not logged as a recreated record")
+	}
+	again := e.do(req{key: "late", body: "b"})
+	if again.StatusCode != http.StatusCreated || again.Header.Get("Idempotent-Replayed") != "true" || string(again.body) != string(r.body) {
+		t.Errorf("retry: %d replayed %q %s, want the recorded answer", again.StatusCode, again.Header.Get("Idempotent-Replayed"), again.body)
+	}
+	if other := e.do(req{key: "late", body: "other"}); other.StatusCode != http.StatusUnprocessableEntity {
+		t.Errorf("other body: %d, want 422 (the fingerprint was recorded)", other.StatusCode)
+	}
+	if e.calls.Load() != 1 {
+		t.Errorf("upstream calls %d, want 1", e.calls.Load())
+	}
+}
+
+// TestLostCompletionCounted: our claim expired and another request took the
+// key over before we could record: the key ran twice, and that is counted
+// and logged with outcome "lost".
+func TestLostCompletionCounted(t *testing.T) {
+	e := newEnv(t, realBackend, func(o *proxy.Options) {
+		o.Default.LockTTL = 150 * time.Millisecond
+		o.UpstreamTimeout = 2 * time.Second
+	})
+	g := newGate()
+	defer g.open()
+	e.setUpstream(g.handler(e.created))
+	first := make(chan response, 1)
+	go func() { first <- e.do(req{key: "twice", body: "b"}) }()
+	g.wait(t)
+	time.Sleep(300 * time.Millisecond) // past the 150ms lock TTL (real Redis PX expiry)
+	second := make(chan response, 1)
+	go func() { second <- e.do(req{key: "twice", body: "b"}) }()
+	g.wait(t) // the takeover reached the upstream
+	g.open()
+	for _, ch := range []chan response{first, second} {
+		select {
+		case r := <-ch:
+			if r.StatusCode != http.StatusCreated {
+				t.Errorf("status %d, want 201", r.StatusCode)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("no answer within 10s")
+		}
+	}
+	if got := counter(t, e.reg, "idemproxy_double_executions_total", nil); got != 1 {
+		t.Errorf("double executions %v, want 1", got)
+	}
+	if got := counter(t, e.reg, "idemproxy_requests_total", map[string]string{"outcome": "lost"}); got != 1 {
+		t.Errorf("lost outcomes %v, want 1", got)
+	}
+	if e.calls.Load() != 2 {
+		t.Errorf("upstream calls %d, want 2", e.calls.Load())
+	}
+}
+
+// TestTrailersReplayed: trailers are part of the answer; the replay sends
+// them as the first answer had them.
+func TestTrailersReplayed(t *testing.T) {
+	t.Parallel()
+	forBoth(t, nil, func(t *testing.T, e *env) {
+		e.setUpstream(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Trailer", "X-Checksum")
+			w.WriteHeader(http.StatusOK)
+			_, _ = io.WriteString(w, "payload")
+			w.Header().Set("X-Checksum", "abc123")
+		})
+		first := e.do(req{key: "tr", body: "b"})
+		again := e.do(req{key: "tr", body: "b"})
+		if first.Trailer.Get("X-Checksum") != "abc123" {
+			t.Fatalf("first answer trailer %v, want X-Checksum: abc123", first.Trailer)
+		}
+		if again.Header.Get("Idempotent-Replayed") != "true" || string(again.body) != "payload" {
+			t.Fatalf("replay: %d %q", again.StatusCode, again.body)
+		}
+		if again.Trailer.Get("X-Checksum") != "abc123" {
+			t.Errorf("replay trailer %v, want X-Checksum: abc123", again.Trailer)
+		}
+	})
+}
+
+// TestFailOpenOnlyWhenUnreachable: a Redis that answers but refuses writes
+// (OOM under noeviction) is not an outage: fail open must not forward
+// without a guarantee; the answer is 503.
+func TestFailOpenOnlyWhenUnreachable(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, realBackend, func(o *proxy.Options) { o.Default.FailOpen = true })
+	ctx := context.Background()
+	if err := e.rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := e.do(req{key: "oom", body: "b"})
+	if r.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("OOM with FAIL_MODE=open: status %d, want 503", r.StatusCode)
+	}
+	if e.calls.Load() != 0 {
+		t.Errorf("upstream called %d times while Redis refused writes", e.calls.Load())
+	}
+	if err := e.rdb.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.redis.Kill()
+	if r := e.do(req{key: "down", body: "b"}); r.StatusCode != http.StatusCreated {
+		t.Errorf("Redis down with FAIL_MODE=open: status %d, want the forwarded 201", r.StatusCode)
+	}
+}
+
+// TestDeploymentsBoundToTheirUpstream: two deployments in front of
+// different APIs share one Redis and the default KEY_PREFIX. A key sent to
+// both is executed by the first and refused (422) by the second: neither
+// replays the other's answer.
+func TestDeploymentsBoundToTheirUpstream(t *testing.T) {
+	t.Parallel()
+	forBoth(t, nil, func(t *testing.T, e *env) {
+		serviceB := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = io.WriteString(w, "service B")
+		}))
+		defer serviceB.Close()
+		newDeployment := func(upstream string) *httptest.Server {
+			opts := e.opts
+			opts.Upstream = mustURL(t, upstream)
+			reg := prometheus.NewRegistry()
+			opts.Metrics = proxy.NewMetrics(reg)
+			opts.Logger = zerolog.New(e.logs)
+			h, err := proxy.New(claim.NewStore(e.rdb, "idem:", nil, claim.Upstream(upstream)), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(h)
+			t.Cleanup(srv.Close)
+			return srv
+		}
+		a, b := newDeployment(e.upstream.URL), newDeployment(serviceB.URL)
+		if r := e.doTo(a, req{key: "shared", body: "x"}); r.StatusCode != http.StatusCreated {
+			t.Fatalf("service A: %d", r.StatusCode)
+		}
+		r := e.doTo(b, req{key: "shared", body: "x"})
+		if r.StatusCode != http.StatusUnprocessableEntity || r.Header.Get("Idempotent-Replayed") != "" {
+			t.Errorf("service B with A's key: %d %s, want 422 (never A's answer)", r.StatusCode, r.body)
+		}
+		if again := e.doTo(a, req{key: "shared", body: "x"}); again.Header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("service A retry: %d, want the replay", again.StatusCode)
+		}
+		if e.calls.Load() != 1 {
+			t.Errorf("service A called %d times, want 1", e.calls.Load())
+		}
+	})
+}
+
+func mustURL(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// hold configures ON_UNKNOWN=hold with a lock far shorter than the key's
+// TTL, so that every test also shows the lock's expiry changes nothing.
+func hold(o *proxy.Options) {
+	o.Default.Hold = true
+	o.UpstreamTimeout = 300 * time.Millisecond
+	o.Default.LockTTL = 400 * time.Millisecond
+}
+
+// wantUnknown checks the answer to a request whose key's outcome is
+// unknown: the first answer's status, outcome-unknown, replayed, no
+// Retry-After.
+func wantUnknown(t *testing.T, r response, status int) {
+	t.Helper()
+	if r.StatusCode != status {
+		t.Fatalf("status %d (%s), want %d outcome-unknown", r.StatusCode, r.body, status)
+	}
+	p := r.problem(t)
+	if p["type"] != "urn:idemproxy:problem:outcome-unknown" || p["title"] != "Outcome of the original request is unknown" {
+		t.Errorf("problem %v, want outcome-unknown", p)
+	}
+	if r.Header.Get("Idempotent-Replayed") != "true" || r.Header.Get("Retry-After") != "" {
+		t.Errorf("Idempotent-Replayed %q Retry-After %q, want true and none", r.Header.Get("Idempotent-Replayed"), r.Header.Get("Retry-After"))
+	}
+}
+
+// TestHoldUpstreamTimeout is case (a): the upstream timed out after the
+// request was sent. The caller gets 504 as before; from that moment every
+// retry gets 504 outcome-unknown without reaching the upstream, past the
+// lock TTL too, until the key is purged; then exactly one executes.
+func TestHoldUpstreamTimeout(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, realBackend, hold)
+	g := newGate()
+	defer g.open()
+	e.setUpstream(g.first(e.created, e.created))
+	r := e.do(req{key: "pay-1", body: "b"})
+	if r.StatusCode != http.StatusGatewayTimeout || r.problem(t)["type"] != "urn:idemproxy:problem:upstream-timeout" {
+		t.Fatalf("first: %d %s, want 504 upstream-timeout", r.StatusCode, r.body)
+	}
+	if !strings.Contains(r.problem(t)["detail"].(string), "purges") {
+		t.Errorf("detail %q does not say the key is held for an operator", r.problem(t)["detail"])
+	}
+	wantUnknown(t, e.do(req{key: "pay-1", body: "b"}), http.StatusGatewayTimeout)
+	e.advance(600 * time.Millisecond) // past LOCK_TTL
+	wantUnknown(t, e.do(req{key: "pay-1", body: "b"}), http.StatusGatewayTimeout)
+	if r := e.do(req{key: "pay-1", body: "other"}); r.StatusCode != http.StatusUnprocessableEntity {
+		t.Errorf("other body: %d, want 422", r.StatusCode)
+	}
+	if got := e.calls.Load(); got != 1 {
+		t.Fatalf("upstream calls %d, want 1", got)
+	}
+	if got := counter(t, e.reg, "idemproxy_unknown_outcomes_total", map[string]string{"cause": "upstream_timeout"}); got != 1 {
+		t.Errorf("unknown outcomes (upstream_timeout) %v, want 1", got)
+	}
+	if got := counter(t, e.reg, "idemproxy_requests_total", map[string]string{"outcome": "unknown"}); got != 2 {
+		t.Errorf("requests with outcome unknown %v, want 2", got)
+	}
+	if !strings.Contains(e.logs.String(), `"outcome":"unknown"`) {
+		t.Errorf("access log lacks outcome unknown")
+	}
+
+	purge(t, e, "pay-1")
+	g.open()
+	if r := e.do(req{key: "pay-1", body: "b"}); r.StatusCode != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("after purge: %d, want an execution", r.StatusCode)
+	}
+	if r := e.do(req{key: "pay-1", body: "b"}); r.StatusCode != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("after purge, retry: %d, want the replay", r.StatusCode)
+	}
+	if got := e.calls.Load(); got != 2 {
+		t.Errorf("upstream calls %d, want 2 (one before, one after the purge)", got)
+	}
+}
+
+// purge deletes a header key's record as `idemproxy keys purge` does.
+func purge(t *testing.T, e *env, key string) {
+	t.Helper()
+	k := claim.NewKey([]string{""}, key) // the tests send no Authorization
+	if n, err := e.rdb.Del(context.Background(), claim.RecordKey("idem:", k)).Result(); err != nil || n != 1 {
+		t.Fatalf("purge: %d keys deleted, %v", n, err)
+	}
+}
+
+// TestHoldConnectionResetAfterSend is case (b): the connection broke after
+// the request was sent, before a status line: 502, and 502 outcome-unknown
+// for every retry.
+func TestHoldConnectionResetAfterSend(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, realBackend, hold)
+	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			_ = conn.Close()
+		}
+	})
+	r := e.do(req{key: "reset", body: "b"})
+	if r.StatusCode != http.StatusBadGateway {
+		t.Fatalf("first: %d, want 502", r.StatusCode)
+	}
+	e.advance(600 * time.Millisecond)
+	wantUnknown(t, e.do(req{key: "reset", body: "b"}), http.StatusBadGateway)
+	if got := e.calls.Load(); got != 1 {
+		t.Errorf("upstream calls %d, want 1", got)
+	}
+	if got := counter(t, e.reg, "idemproxy_unknown_outcomes_total", map[string]string{"cause": "upstream_failed"}); got != 1 {
+		t.Errorf("unknown outcomes (upstream_failed) %v, want 1", got)
+	}
+}
+
+// TestHoldAbandonedClaim is case (c): a claim whose proxy died (here: a
+// claim made and never completed) turns unknown when a request finds its
+// lock expired, and is never executed.
+func TestHoldAbandonedClaim(t *testing.T) {
+	t.Parallel()
+	forBoth(t, hold, func(t *testing.T, e *env) {
+		dead := claim.NewStore(e.rdb, "idem:", nil)
+		terms := claim.Terms{LockTTL: 400 * time.Millisecond, TTL: time.Hour, Hold: true}
+		if _, _, err := dead.Acquire(context.Background(), claim.NewKey([]string{""}, "orphan"), fingerprintOf(http.MethodPost, "/v1/orders", "", "b"), terms); err != nil {
+			t.Fatal(err)
+		}
+		if r := e.do(req{key: "orphan", body: "b"}); r.StatusCode != http.StatusConflict {
+			t.Fatalf("within the lock: %d, want 409", r.StatusCode)
+		}
+		e.advance(600 * time.Millisecond)
+		wantUnknown(t, e.do(req{key: "orphan", body: "b"}), http.StatusGatewayTimeout)
+		wantUnknown(t, e.do(req{key: "orphan", body: "b"}), http.StatusGatewayTimeout)
+		if got := e.calls.Load(); got != 0 {
+			t.Errorf("upstream calls %d, want 0", got)
+		}
+		if got := counter(t, e.reg, "idemproxy_unknown_outcomes_total", map[string]string{"cause": "lock_expired"}); got != 1 {
+			t.Errorf("unknown outcomes (lock_expired) %v, want 1", got)
+		}
+	})
+}
+
+// TestHoldSlowOriginalWins: the original proxy was slow, not dead. Its lock
+// expired and a retry held the key as unknown; the original's answer then
+// arrives, and its token still matches: the real answer is recorded over
+// the unknown state, and later retries replay it.
+func TestHoldSlowOriginalWins(t *testing.T) {
+	e := newEnv(t, realBackend, func(o *proxy.Options) {
+		o.Default.Hold = true
+		o.UpstreamTimeout = 3 * time.Second
+		o.Default.LockTTL = 200 * time.Millisecond // below UPSTREAM_TIMEOUT: config refuses this, Options do not
+	})
+	g := newGate()
+	defer g.open()
+	e.setUpstream(g.handler(e.created))
+	first := make(chan response, 1)
+	go func() {
+		r, _ := e.send(context.Background(), e.srv, req{key: "slow", body: "b"})
+		first <- r
+	}()
+	g.wait(t)
+	time.Sleep(300 * time.Millisecond) // past the lock, on Redis's clock
+	wantUnknown(t, e.do(req{key: "slow", body: "b"}), http.StatusGatewayTimeout)
+	g.open()
+	if r := <-first; r.StatusCode != http.StatusCreated {
+		t.Fatalf("original: %d, want 201", r.StatusCode)
+	}
+	r := e.do(req{key: "slow", body: "b"})
+	if r.StatusCode != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("after the original answered: %d %s, want its 201 replayed", r.StatusCode, r.body)
+	}
+	if got := e.calls.Load(); got != 1 {
+		t.Errorf("upstream calls %d, want 1", got)
+	}
+}
+
+// TestExpireIsUnchanged: without hold the contract's Part 1 holds: a timed
+// out key is retried after its lock TTL.
+func TestExpireIsUnchanged(t *testing.T) {
+	e := newEnv(t, realBackend, func(o *proxy.Options) {
+		hold(o)
+		o.Routes = mustRoutes(t, "POST /v1/expire/* unknown=expire")
+	})
+	g := newGate()
+	defer g.open()
+	e.setUpstream(g.first(e.created, e.created))
+	if r := e.do(req{path: "/v1/expire/1", key: "x", body: "b"}); r.StatusCode != http.StatusGatewayTimeout {
+		t.Fatalf("first: %d, want 504", r.StatusCode)
+	}
+	if r := e.do(req{path: "/v1/expire/1", key: "x", body: "b"}); r.StatusCode != http.StatusConflict {
+		t.Fatalf("within the lock: %d, want 409", r.StatusCode)
+	}
+	e.advance(600 * time.Millisecond)
+	if r := e.do(req{path: "/v1/expire/1", key: "x", body: "b"}); r.StatusCode != http.StatusCreated {
+		t.Fatalf("after the lock: %d, want a takeover", r.StatusCode)
+	}
+}
+
+// TestUnknownCountedOncePerKey: idemproxy_unknown_outcomes_total
+// counts "keys that entered the state unknown". Here one key enters it
+// once: its claim's lock expires on Redis's clock while the first request
+// is still waiting for the upstream (Redis's clock jumped ahead, e.g. a
+// failover to a replica whose clock is ahead; equally a Lease.Hold that is
+// retried past the lock), a retry finds it and holds it as unknown
+// (lock_expired, counted); then the first request's upstream times out and
+// Lease.Hold finds the record already unknown. complete.lua answers a plain
+// "ok" for that (cur[1] == ARGV[6]), and hold() counts upstream_timeout a
+// second time for the same key: alerts on the counter see two unknown keys
+// where an operator will find one.
+func TestUnknownCountedOncePerKey(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, miniBackend, hold) // UPSTREAM_TIMEOUT 300ms, LOCK_TTL 400ms
+	g := newGate()
+	defer g.open()
+	e.setUpstream(g.handler(e.created))
+	first := make(chan response, 1)
+	go func() {
+		r, _ := e.send(context.Background(), e.srv, req{key: "twice", body: "b"})
+		first <- r
+	}()
+	g.wait(t)
+	e.advance(time.Second) // Redis's clock: past the lock
+	wantUnknown(t, e.do(req{key: "twice", body: "b"}), http.StatusGatewayTimeout)
+	select {
+	case r := <-first:
+		if r.Response == nil || r.StatusCode != http.StatusGatewayTimeout {
+			t.Fatalf("first request: %+v, want its 504", r.Response)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("first request did not finish within 5s")
+	}
+	total := 0.0
+	byCause := map[string]float64{}
+	for _, c := range []string{"upstream_timeout", "upstream_failed", "lock_expired"} {
+		byCause[c] = counter(t, e.reg, "idemproxy_unknown_outcomes_total", map[string]string{"cause": c})
+		total += byCause[c]
+	}
+	if total != 1 {
+		t.Errorf("idemproxy_unknown_outcomes_total %v in all (%v) for one key that entered unknown once, want 1", total, byCause)
+	}
+	if got := e.calls.Load(); got != 1 {
+		t.Errorf("upstream calls %d, want 1", got)
+	}
+}
+
+// TestHoldSlowOriginalReleaseWins: the README's rule "a known
+// answer is strictly better than unknown" (script result late) covers a
+// slow original that completes, not one that releases. The original's
+// lock expires (here: Redis's clock jumps), a retry holds the key as
+// unknown, then the upstream answers 503. With ON_5XX=release that answer
+// means "nothing happened: retry with the same key", and the first caller
+// is told so; but release.lua only deletes an in-flight record, so it
+// answers lost and the key stays unknown: the caller's retry gets 504
+// outcome-unknown until an operator purges a key whose outcome is known.
+// release.lua should accept its own token on a 'u' record as complete.lua
+// does.
+func TestHoldSlowOriginalReleaseWins(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, miniBackend, func(o *proxy.Options) {
+		o.Default.Hold = true
+		o.UpstreamTimeout = 2 * time.Second
+		o.Default.LockTTL = 3 * time.Second
+	})
+	g := newGate()
+	defer g.open()
+	e.setUpstream(g.first(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) }, e.created))
+	first := make(chan response, 1)
+	go func() {
+		r, _ := e.send(context.Background(), e.srv, req{key: "rel", body: "b"})
+		first <- r
+	}()
+	g.wait(t)
+	e.advance(5 * time.Second) // Redis's clock: past the lock
+	wantUnknown(t, e.do(req{key: "rel", body: "b"}), http.StatusGatewayTimeout)
+	g.open()
+	select {
+	case r := <-first:
+		if r.Response == nil || r.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("original: %+v, want the upstream's 503", r.Response)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("original did not finish within 5s")
+	}
+	r := e.do(req{key: "rel", body: "b"})
+	if r.StatusCode != http.StatusCreated {
+		t.Errorf("retry after the original's 503 (released: nothing happened): %d %s; want it executed (201)", r.StatusCode, r.body)
+	}
+}
+
+// TestRequestIDOnEveryAnswerAndLogLine: every answer, whichever path wrote
+// it, carries one new X-Request-Id (the proxy's, over an upstream's), and
+// every log line of that request carries the same id as request_id: the
+// access-log line and the warnings of a failed forward alike.
+func TestRequestIDOnEveryAnswerAndLogLine(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, miniBackend, nil)
+	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Request-Id", "upstream-id") // as Rails' ActionDispatch::RequestId
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte("made"))
+	})
+	// A second replica whose upstream refuses connections: its failures are
+	// logged on the pass-through path (plainError) and on the keyed one.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + l.Addr().String()
+	l.Close()
+	opts := e.opts
+	opts.Upstream, _ = url.Parse(closed)
+	opts.Default.Hold = false
+	_, down, _ := e.newProxy(opts)
+
+	steps := []struct {
+		name string
+		srv  string
+		r    req
+		want int
+		line string // a log line of this request besides the access log
+	}{
+		{name: "executed", r: req{key: "rid-1", body: "b"}, want: http.StatusCreated},
+		{name: "replayed", r: req{key: "rid-1", body: "b"}, want: http.StatusCreated},
+		{name: "pass-through", r: req{method: http.MethodGet}, want: http.StatusCreated},
+		{name: "problem", r: req{key: strings.Repeat("k", 300), body: "b"}, want: http.StatusBadRequest},
+		{name: "pass-through failed", srv: "down", r: req{method: http.MethodGet}, want: http.StatusBadGateway, line: "upstream request failed"},
+		{name: "keyed failed", srv: "down", r: req{key: "rid-2", body: "b"}, want: http.StatusBadGateway},
+	}
+	ids := map[string]string{} // request id -> step
+	for _, s := range steps {
+		srv := e.srv
+		if s.srv == "down" {
+			srv = down
+		}
+		r := e.doTo(srv, s.r)
+		if r.StatusCode != s.want {
+			t.Fatalf("%s: status %d, want %d: %s", s.name, r.StatusCode, s.want, r.body)
+		}
+		got := r.Header.Values(proxy.RequestIDHeader)
+		if len(got) != 1 || len(got[0]) != 20 {
+			t.Fatalf("%s: X-Request-Id %q, want one 20-character xid", s.name, got)
+		}
+		if prev, dup := ids[got[0]]; dup {
+			t.Fatalf("%s: request id %q already given to %s", s.name, got[0], prev)
+		}
+		ids[got[0]] = s.name
+	}
+
+	accessLines := map[string]int{} // step -> access-log lines
+	otherLines := map[string][]string{}
+	sc := bufio.NewScanner(strings.NewReader(e.logs.String()))
+	for sc.Scan() {
+		var line struct {
+			Message   string `json:"message"`
+			RequestID string `json:"request_id"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			t.Fatalf("log line %q: %v", sc.Bytes(), err)
+		}
+		if line.RequestID == "" {
+			if line.Message == "request" || line.Message == "upstream request failed" {
+				t.Errorf("a request's log line without request_id: %s", sc.Bytes())
+			}
+			continue
+		}
+		step, ok := ids[line.RequestID]
+		if !ok {
+			t.Errorf("log line with a request_id that no answer carried: %s", sc.Bytes())
+			continue
+		}
+		if line.Message == "request" {
+			accessLines[step]++
+		} else {
+			otherLines[step] = append(otherLines[step], line.Message)
+		}
+	}
+	for _, s := range steps {
+		if accessLines[s.name] != 1 {
+			t.Errorf("%s: %d access-log lines with its request_id, want 1", s.name, accessLines[s.name])
+		}
+		if s.line != "" && !slices.Contains(otherLines[s.name], s.line) {
+			t.Errorf("%s: no %q line with its request_id (lines: %q)", s.name, s.line, otherLines[s.name])
+		}
+	}
+	if len(otherLines["keyed failed"]) == 0 {
+		t.Errorf("keyed failed: no warning with its request_id besides the access log")
+	}
+}
+
+// TestRequestAboveInfoLevel: with LOG_LEVEL=warn the access-log line is not
+// written (finish returns before building it), but the request is still
+// counted, its answer still carries its id, and its warnings still carry
+// that id as request_id.
+func TestRequestAboveInfoLevel(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, miniBackend, nil)
+	logs := &testutil.SyncBuffer{}
+	reg := prometheus.NewRegistry()
+	opts := e.opts
+	opts.Logger = zerolog.New(logs).Level(zerolog.WarnLevel)
+	opts.Metrics = proxy.NewMetrics(reg)
+	h, err := proxy.New(claim.NewStore(e.rdb, "idem:", opts.Metrics.ObserveScript), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+
+	for range 2 {
+		if r := e.doTo(srv, req{key: "warn-1", body: "b"}); r.StatusCode != http.StatusCreated || len(r.Header.Values(proxy.RequestIDHeader)) != 1 {
+			t.Fatalf("status %d, X-Request-Id %q", r.StatusCode, r.Header.Values(proxy.RequestIDHeader))
+		}
+	}
+	if got := counter(t, reg, "idemproxy_requests_total", map[string]string{"outcome": "replayed"}); got != 1 {
+		t.Errorf("replayed requests counted %v, want 1", got)
+	}
+	if got := counter(t, reg, "idemproxy_responses_total", map[string]string{"code": "201"}); got != 2 {
+		t.Errorf("201 responses counted %v, want 2", got)
+	}
+	if strings.Contains(logs.String(), `"message":"request"`) {
+		t.Errorf("an access-log line at LOG_LEVEL=warn:\n%s", logs)
+	}
+
+	e.setUpstream(func(w http.ResponseWriter, r *http.Request) { panic(http.ErrAbortHandler) })
+	r := e.doTo(srv, req{method: http.MethodGet})
+	if r.StatusCode != http.StatusBadGateway {
+		t.Fatalf("failed pass-through: status %d, want 502", r.StatusCode)
+	}
+	id := r.Header.Get(proxy.RequestIDHeader)
+	if !strings.Contains(logs.String(), `"request_id":"`+id+`"`) || !strings.Contains(logs.String(), "upstream request failed") {
+		t.Errorf("the failed pass-through's warning does not carry its request_id %q:\n%s", id, logs)
+	}
+}
+
+// logLines parses the proxy's JSON log.
+func logLines(t *testing.T, logs *testutil.SyncBuffer) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	sc := bufio.NewScanner(strings.NewReader(logs.String()))
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("log line %q: %v", sc.Bytes(), err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// accessLogID is the request_id of the (only) access-log line, once
+// it is written.
+func accessLogID(t *testing.T, logs *testutil.SyncBuffer) string {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		for _, l := range logLines(t, logs) {
+			if l["message"] == "request" {
+				id, _ := l["request_id"].(string)
+				return id
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no access-log line:\n%s", logs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestKeyedEarlyHintsThenFailureKeepsRequestID: the upstream sends
+// 103 Early Hints, then breaks off before a final answer. ReverseProxy
+// clears the header map after relaying a 1xx; the keyed path restores the
+// proxy's headers only in exchange.WriteHeader, and execute writes the
+// failure's problem (502) straight to the client's writer: the answer
+// carries no X-Request-Id (and no Idempotency-Key echo), so the client
+// cannot name the request whose outcome is now unknown.
+func TestKeyedEarlyHintsThenFailureKeepsRequestID(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, miniBackend, nil)
+	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		fmt.Fprint(brw, "HTTP/1.1 103 Early Hints\r\nLink: </app.css>; rel=preload\r\n\r\n")
+		_ = brw.Flush()
+		conn.Close() // no final answer: the 103 is read first, then EOF
+	})
+	r := e.do(req{key: "rl-hints-1", body: `{"amount":1}`})
+	if r.StatusCode < 500 {
+		t.Fatalf("status %d, want the upstream failure's 5xx: %s", r.StatusCode, r.body)
+	}
+	id := accessLogID(t, e.logs)
+	if got := r.Header.Values(proxy.RequestIDHeader); len(got) != 1 || got[0] != id {
+		t.Errorf("%d answer after a 103: X-Request-Id %q, want [%q] (the access-log line's request_id)", r.StatusCode, got, id)
+	}
+	if got := r.Header.Values("Idempotency-Key"); len(got) != 1 || got[0] != "rl-hints-1" {
+		t.Errorf("%d answer after a 103: Idempotency-Key echo %q, want [rl-hints-1]", r.StatusCode, got)
+	}
+}
+
+// TestUpgradeReplacesUpstreamRequestID: a 101 is written by
+// ReverseProxy itself on the hijacked connection (handleUpgradeResponse
+// adds the upstream's headers to the proxy's and never calls WriteHeader),
+// so statusWriter never restores the proxy's id: an upstream that sends
+// X-Request-Id on its 101 (most frameworks do on every answer) gives the
+// client two ids.
+func TestUpgradeReplacesUpstreamRequestID(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = mustRoutes(t, "GET /ws upgrade") })
+	e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprint(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nX-Request-Id: upstream-id\r\n\r\n")
+		_ = brw.Flush()
+		_, _ = brw.ReadString('\n')
+	})
+	c := dialProxy(t, e)
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprint(c, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprint(c, "bye\n")
+	c.Close() // the tunnel ends; the access line follows
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("status %d, want 101", resp.StatusCode)
+	}
+	id := accessLogID(t, e.logs)
+	if got := resp.Header.Values(proxy.RequestIDHeader); len(got) != 1 || got[0] != id {
+		t.Errorf("101: X-Request-Id %q, want [%q] (the access-log line's request_id only)", got, id)
+	}
+}
+
+// startStringReplica starts a second replica on e's Redis, as
+// RECORD_FORMAT=string wires it (main.go: claim.StringRecords).
+func startStringReplica(e *env, opts proxy.Options) *httptest.Server {
+	e.t.Helper()
+	reg := prometheus.NewRegistry()
+	metrics := proxy.NewMetrics(reg)
+	logger := zerolog.New(e.logs).With().Timestamp().Logger()
+	opts.Logger, opts.Metrics = logger, metrics
+	h, err := proxy.New(claim.NewStore(e.rdb, "idem:", metrics.ObserveScript, claim.StringRecords(true)), opts)
+	if err != nil {
+		e.t.Fatalf("proxy.New: %v", err)
+	}
+	srv := httptest.NewServer(h)
+	e.t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestStringReplicaReplaysHashRecordWhileWritesRefused: the README's step 2 of the
+// record format rollout (set RECORD_FORMAT=string with a rolling restart;
+// hash records stay for one TTL). A payment was executed and recorded by a
+// hash replica. Redis then refuses writes but answers and still has every
+// record: min-replicas-to-write is not met (a replica link drops), or the
+// proxies still talk to the old master that a failover demoted (read-only;
+// the README: fail open applies to a Redis "failing over or read-only"). A
+// retry through the hash replica is replayed, as before this change.
+// Through a string replica, claim.lua issues SET NX before it reads the
+// hash; Redis refuses that write (NOREPLICAS, READONLY), which counts as an
+// outage, and FAIL_MODE=open forwards the completed payment: it executes
+// twice.
+func TestStringReplicaReplaysHashRecordWhileWritesRefused(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name          string
+		refuse, allow func(context.Context, *env) error
+	}{
+		{"NOREPLICAS",
+			func(ctx context.Context, e *env) error {
+				return e.rdb.ConfigSet(ctx, "min-replicas-to-write", "1").Err()
+			},
+			func(ctx context.Context, e *env) error {
+				return e.rdb.ConfigSet(ctx, "min-replicas-to-write", "0").Err()
+			}},
+		{"READONLY (demoted master)",
+			// Its new master is a port nobody listens on: no sync, so it
+			// keeps its data and refuses writes.
+			func(ctx context.Context, e *env) error {
+				return e.rdb.Do(ctx, "REPLICAOF", "127.0.0.1", redistest.FreePort(e.t)).Err()
+			},
+			func(ctx context.Context, e *env) error { return e.rdb.Do(ctx, "REPLICAOF", "NO", "ONE").Err() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, realBackend, func(o *proxy.Options) { o.Default.FailOpen = true })
+			str := startStringReplica(e, e.opts)
+			ctx := context.Background()
+
+			first := e.do(req{key: "pay-1", body: `{"amount":100}`})
+			if first.StatusCode != http.StatusCreated || e.calls.Load() != 1 {
+				t.Fatalf("first request through the hash replica: %d, upstream calls %d", first.StatusCode, e.calls.Load())
+			}
+			if err := tc.refuse(ctx, e); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tc.allow(ctx, e) })
+
+			viaHash := e.do(req{key: "pay-1", body: `{"amount":100}`})
+			if viaHash.Header.Get("Idempotent-Replayed") != "true" || e.calls.Load() != 1 {
+				t.Fatalf("control, retry through the hash replica: %d replayed=%q, upstream calls %d; want a replay",
+					viaHash.StatusCode, viaHash.Header.Get("Idempotent-Replayed"), e.calls.Load())
+			}
+
+			viaString := e.doTo(str, req{key: "pay-1", body: `{"amount":100}`})
+			if viaString.Header.Get("Idempotent-Replayed") != "true" || e.calls.Load() != 1 {
+				t.Errorf("retry through the string replica: status %d replayed=%q body %s, upstream calls %d; want the recorded answer replayed and 1 call",
+					viaString.StatusCode, viaString.Header.Get("Idempotent-Replayed"), viaString.body, e.calls.Load())
+			}
+		})
+	}
+}
+
+// TestStringReplicaReplaysHashRecordWithRedisFull: the same with Redis full under
+// noeviction (FAIL_MODE=closed). The README: a full Redis refuses the claim
+// of a first request (503); a retry of a recorded key is still answered
+// from its record, by a hash replica. A string replica answers 503 to the
+// retry of every key recorded as a hash.
+func TestStringReplicaReplaysHashRecordWithRedisFull(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, realBackend, nil)
+	str := startStringReplica(e, e.opts)
+	ctx := context.Background()
+
+	if r := e.do(req{key: "pay-2", body: "b"}); r.StatusCode != http.StatusCreated {
+		t.Fatalf("first request: %d", r.StatusCode)
+	}
+	if err := e.rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.rdb.ConfigSet(ctx, "maxmemory", "0").Err() })
+
+	if r := e.do(req{key: "pay-2", body: "b"}); r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("control, hash replica with Redis full: %d %s; want a replay", r.StatusCode, r.body)
+	}
+	if r := e.doTo(str, req{key: "pay-2", body: "b"}); r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("string replica with Redis full: status %d body %s; want the recorded answer replayed", r.StatusCode, r.body)
+	}
+}
+
+// TestHalfClosedClientGetsNoFakeSuccess: a client that sends its
+// whole request, half-closes (shutdown write: "I have nothing more to
+// send") and waits for the answer is not told 200 OK for a forward that
+// was abandoned. net/http cancels the request on the half-close (its
+// background read sees EOF); plainError then returns without writing, and
+// net/http finishes the request with its implicit "200 OK", Content-Length
+// 0 -- a success, while the access log and idemproxy_responses_total say 499
+// and the upstream (non-idempotent, no key) may have executed the request.
+func TestHalfClosedClientGetsNoFakeSuccess(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, req string }{
+		{"HTTP/1.1 with a body", "POST /v1/orders HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nb"},
+		{"HTTP/1.1 without a body", "POST /v1/orders HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"},
+		{"HTTP/1.0", "POST /v1/orders HTTP/1.0\r\nHost: x\r\nContent-Length: 1\r\n\r\nb"},
+		{"GET", "GET /v1/orders HTTP/1.1\r\nHost: x\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, miniBackend, func(o *proxy.Options) { o.UpstreamTimeout = 5 * time.Second })
+			arrived := make(chan struct{}, 1)
+			e.setUpstream(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				arrived <- struct{}{}
+				select { // the order is placed; the answer takes a moment
+				case <-r.Context().Done():
+				case <-time.After(2 * time.Second):
+				}
+				w.WriteHeader(http.StatusCreated)
+			})
+			c := dialProxy(t, e)
+			defer c.Close()
+			fmt.Fprint(c, tc.req)
+			select {
+			case <-arrived:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the upstream did not get the request within 5 s")
+			}
+			if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			got, _ := io.ReadAll(c)
+			status := strings.SplitN(string(got), "\r\n", 2)[0]
+			if strings.HasPrefix(status, "HTTP/1.1 2") || strings.HasPrefix(status, "HTTP/1.0 2") {
+				t.Errorf("a half-closed client still waiting was told %q for a forward the proxy abandoned:\n%s", status, got)
+			}
+			line := waitLogLine(t, e.logs, `"message":"request"`, 5*time.Second)
+			t.Logf("client read %q; access line %s", status, line)
+		})
+	}
+}
+
+// TestHalfClosedKeyedWaiterGetsNoFakeSuccess: the same for the
+// keyed duplicate that waits (WAIT_TIMEOUT) for an in-flight first request,
+// which the README's new paragraph also calls 499: its answer (typ "")
+// writes nothing, and net/http's implicit 200 reaches a client that
+// half-closed and is still reading. Pre-existing (claimAnswer's 499), but
+// the same "499 writes nothing" that d340fa7 extends to pass-through.
+func TestHalfClosedKeyedWaiterGetsNoFakeSuccess(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Default.Wait = 30 * time.Second })
+	g := newGate()
+	defer g.open()
+	e.setUpstream(g.handler(e.created))
+	first := make(chan response, 1)
+	go func() { first <- e.do(req{key: "hc", body: "b"}) }()
+	g.wait(t)
+	c := dialProxy(t, e)
+	defer c.Close()
+	fmt.Fprint(c, "POST /v1/orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: hc\r\nContent-Length: 1\r\n\r\nb")
+	eventually(t, 5*time.Second, "the duplicate polls Redis", func() bool {
+		return counter(t, e.reg, "idemproxy_redis_script_duration_seconds", map[string]string{"script": "claim", "result": "inflight"}) >= 1
+	})
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, _ := io.ReadAll(c)
+	status := strings.SplitN(string(got), "\r\n", 2)[0]
+	if strings.HasPrefix(status, "HTTP/1.1 2") {
+		t.Errorf("a half-closed duplicate still waiting was told %q, though nothing was executed or replayed for it:\n%s", status, got)
+	}
+	g.open()
+	<-first
+}
+
+// TestProblemAnswersHaveAWriteDeadline: a client pipelines requests
+// that the proxy answers itself (here 400 key-invalid; equally 409, 422,
+// 408, 503) and never reads. Only replays and pass-through writes carry a
+// write deadline; writeProblem's answers do not, and main.go's http.Server
+// has no WriteTimeout (it must not: streams). Once the socket buffers are
+// full, the connection goroutine blocks in its final flush for ever: an
+// attacker holds one goroutine and one socket per connection indefinitely
+// (IdleTimeout does not apply to an active connection; SIGTERM then waits
+// the whole SHUTDOWN_TIMEOUT).
+//
+// The server here is configured as main.go configures the real one.
+//
+// Correct: every answer the proxy writes itself goes out under a write
+// deadline (UPSTREAM_TIMEOUT, as replays), so the connection is closed
+// when the client stops reading.
+func TestProblemAnswersHaveAWriteDeadline(t *testing.T) {
+	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.UpstreamTimeout = 300 * time.Millisecond })
+
+	var mu sync.Mutex
+	states := map[net.Conn]http.ConnState{}
+	logger := zerolog.Nop() // thousands of access lines otherwise
+	h, err := proxy.New(claim.NewStore(e.rdb, "idem:", nil), func() proxy.Options { o := e.opts; o.Logger = logger; return o }())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, // as main.go
+		ConnState: func(c net.Conn, s http.ConnState) {
+			mu.Lock()
+			states[c] = s
+			mu.Unlock()
+		},
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Close() // closes every connection, unblocking the stuck flush
+
+	d := net.Dialer{Timeout: 2 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	c, err := d.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	// Pipelined keyed requests with a key over MAX_KEY_LENGTH: answered 400
+	// by the proxy without Redis or upstream. Never read.
+	one := fmt.Sprintf("POST /v1/orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Length: 0\r\n\r\n", strings.Repeat("k", 300))
+	batch := []byte(strings.Repeat(one, 64))
+	stalled := false
+	end := time.Now().Add(10 * time.Second)
+	for i := 0; i < 20000 && time.Now().Before(end); i++ {
+		_ = c.SetWriteDeadline(time.Now().Add(300 * time.Millisecond))
+		if _, err := c.Write(batch); err != nil {
+			if isNetTimeout(err) {
+				stalled = true
+				break
+			}
+			t.Fatalf("write: %v", err)
+		}
+	}
+	if !stalled {
+		t.Skip("the proxy kept reading; socket buffers too large to stall it here")
+	}
+
+	// The proxy is now blocked writing an answer nobody reads. With a write
+	// deadline of UPSTREAM_TIMEOUT (300ms) it would close the connection.
+	closed := false
+	var last http.ConnState
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); { // generous: a loaded machine
+		mu.Lock()
+		for _, s := range states {
+			last = s
+		}
+		mu.Unlock()
+		if last == http.StateClosed {
+			closed = true
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !closed {
+		t.Errorf("a client that never reads the proxy's own 400 answers holds its connection (state %v) 10s later; "+
+			"UPSTREAM_TIMEOUT is 300ms and no write deadline ended it", last)
+	}
+}
+
+// TestTrailingSlashStillMatchesWildcardRule: path.Clean drops the trailing
+// slash, so "/v1/payments/" no longer matches "POST /v1/payments/*" (chi's
+// wildcard needs the slash). Before the change it matched. A PUT rule (PUT
+// not in METHODS) then stops covering PUT /v1/orders/ entirely.
+func TestTrailingSlashStillMatchesWildcardRule(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, miniBackend, func(o *proxy.Options) { o.Routes = mustRoutes(t, "POST /v1/payments/* required; PUT /v1/orders/*") })
+	r := e.do(req{path: "/v1/payments/", body: "x"}) // no key on a "required" route
+	if r.StatusCode != http.StatusBadRequest {
+		t.Errorf("POST /v1/payments/ without key: %d, want 400 (rule POST /v1/payments/* required)", r.StatusCode)
+	}
+	e.do(req{method: http.MethodPut, path: "/v1/orders/", key: "k", body: "x"})
+	r = e.do(req{method: http.MethodPut, path: "/v1/orders/", key: "k", body: "x"})
+	if r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("PUT /v1/orders/ with a key executed twice (upstream calls %d): rule PUT /v1/orders/* not applied", e.calls.Load())
 	}
 }

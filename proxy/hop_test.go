@@ -7,6 +7,7 @@ import (
 )
 
 func TestRecordableHeader(t *testing.T) {
+	t.Parallel()
 	in := http.Header{
 		"Connection":        {"keep-alive, X-Hop-One", "x-hop-two"},
 		"Keep-Alive":        {"timeout=5"},

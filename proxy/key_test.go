@@ -7,6 +7,7 @@ import (
 )
 
 func TestParseKey(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name    string
 		values  []string

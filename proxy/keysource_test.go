@@ -61,6 +61,7 @@ func postTo(h *Handler, path, body string, header map[string]string) deadlineRec
 // forwarded without a key and executed again, silently, while the same
 // event in CloudEvents binary mode was keyed.
 func TestJSONKeyKeepsSenderWrittenReplacementCharacter(t *testing.T) {
+	t.Parallel()
 	h, calls := memoryHandler(t, "POST /hooks key=json:/id scope=")
 	for name, body := range map[string]string{
 		"escaped U+FFFD":    `{"id":"evt_\ufffd_1","type":"order.paid"}`,
@@ -87,6 +88,7 @@ func TestJSONKeyKeepsSenderWrittenReplacementCharacter(t *testing.T) {
 // evt_B, and the genuine evt_B was then answered with evt_A's record and
 // never executed.
 func TestJSONKeyDuplicateMemberIsInvalid(t *testing.T) {
+	t.Parallel()
 	h, calls := memoryHandler(t, "POST /hooks/stripe key=stripe-events scope= fingerprint=none")
 	w := postTo(h, "/hooks/stripe", `{"id":"evt_A","object":"event","id":"evt_B"}`, nil)
 	if w.Code != http.StatusBadRequest {
@@ -98,5 +100,57 @@ func TestJSONKeyDuplicateMemberIsInvalid(t *testing.T) {
 	w = postTo(h, "/hooks/stripe", `{"id":"evt_B","object":"event"}`, nil)
 	if w.Header().Get("Idempotent-Replayed") == "true" {
 		t.Errorf("event evt_B was answered with the recorded answer of the body that named evt_A first (upstream calls %d)", calls.Load())
+	}
+}
+
+// TestKeySourceKeyMatchesDerive: the key `idemproxy keys hash` computes from
+// the parts' values is the key derive reads from a request carrying them.
+func TestKeySourceKeyMatchesDerive(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		source string
+		header map[string]string
+		body   string
+		values []string
+	}{
+		{"github", "github", map[string]string{"X-GitHub-Delivery": "72d3162e"}, "", []string{"72d3162e"}},
+		{"cloudevents binary", "cloudevents", map[string]string{"ce-source": "%2Forders", "ce-id": "A-1"}, "", []string{"/orders", "A-1"}},
+		{"cloudevents structured", "cloudevents", nil, `{"source":"/orders","id":"A-1"}`, []string{"/orders", "A-1"}},
+		{"composite", "header:X-A+query:b", map[string]string{"X-A": "a"}, "", []string{"a", "bc"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ks, err := ParseKeySource(tt.source)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := httptest.NewRequest("POST", "/hook?b=bc", strings.NewReader(tt.body))
+			for k, v := range tt.header {
+				r.Header.Set(k, v)
+			}
+			want, err := ks.derive(r, []byte(tt.body), 255)
+			if err != nil {
+				t.Fatalf("derive: %v", err)
+			}
+			got, err := ks.Key(tt.values)
+			if err != nil || got != want {
+				t.Errorf("Key(%q) = %q, %v; want %q (derive)", tt.values, got, err, want)
+			}
+		})
+	}
+	ks, _ := ParseKeySource("cloudevents")
+	if _, err := ks.Key([]string{"only-one"}); err == nil || !strings.Contains(err.Error(), "takes 2 (header:ce-source+header:ce-id) or 2 (json:/source+json:/id) values, not 1") {
+		t.Errorf("Key with one value for cloudevents: err %v, want the part counts named", err)
+	}
+}
+
+func TestHeaderKey(t *testing.T) {
+	t.Parallel()
+	if got, err := HeaderKey(`"abc"`, 255); got != "abc" || err != nil {
+		t.Errorf(`HeaderKey("\"abc\"") = %q, %v; want "abc"`, got, err)
+	}
+	if _, err := HeaderKey("a,b", 255); err == nil {
+		t.Errorf("HeaderKey(a,b): no error, want the comma refused")
 	}
 }

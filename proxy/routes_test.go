@@ -9,6 +9,7 @@ import (
 )
 
 func TestParseRoutes(t *testing.T) {
+	t.Parallel()
 	spec := `POST /v1/payments/*  ttl=48h lock=2m required;
 	         POST /v1/orders      ttl=1h wait=5s fail=open on5xx=store;
 	         POST /v1/webhooks/*  off ;
@@ -53,6 +54,7 @@ func TestParseRoutes(t *testing.T) {
 }
 
 func TestParseRoutesErrors(t *testing.T) {
+	t.Parallel()
 	tests := []struct{ spec, want string }{
 		{"POST", `"POST": want METHOD PATTERN`},
 		{"post /x", `unknown method "post"`},
@@ -103,6 +105,7 @@ func TestParseRoutesErrors(t *testing.T) {
 }
 
 func TestRouterMatch(t *testing.T) {
+	t.Parallel()
 	routes, err := ParseRoutes(`POST /v1/payments/* ttl=48h; POST /v1/payments/refunds off; POST /v1/orders/{id} ttl=1h; PUT /v1/orders/{id} required`)
 	if err != nil {
 		t.Fatal(err)
@@ -148,6 +151,7 @@ func TestRouterMatch(t *testing.T) {
 }
 
 func TestRouteApply(t *testing.T) {
+	t.Parallel()
 	base := Policy{TTL: time.Hour, LockTTL: time.Minute, Wait: 3 * time.Second, FailOpen: true, Store5xx: true}
 	routes, err := ParseRoutes("PATCH /x wait=0s fail=closed on5xx=release lock=2m")
 	if err != nil {
@@ -165,6 +169,7 @@ func TestRouteApply(t *testing.T) {
 // upstream's 401 or 403 is released by default; record4xx= says otherwise
 // either way. Header-key routes record them, as before.
 func TestRouteReleasesAuthWhereKeyIsDerived(t *testing.T) {
+	t.Parallel()
 	for spec, want := range map[string]bool{
 		"POST /x":                                     false,
 		"POST /x key=github":                          true,
@@ -204,6 +209,7 @@ func FuzzParseRoutes(f *testing.F) {
 }
 
 func TestNormalisePath(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]string{
 		"/v1/orders":        "/v1/orders",
 		"v1/orders":         "/v1/orders",

@@ -7,6 +7,7 @@ import (
 )
 
 func TestScopeValues(t *testing.T) {
+	t.Parallel()
 	h := http.Header{}
 	h.Add("X-Tenant", "")
 	h.Add("X-Tenant", "acme")

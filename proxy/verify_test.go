@@ -90,6 +90,7 @@ func verifiedEnv(t *testing.T, backend string, s sender, secrets ...string) *env
 // claimed or forwarded, and the genuine delivery then executes once and is
 // the answer replayed to its redeliveries.
 func TestForgedDeliveryCannotBlockTheGenuineOne(t *testing.T) {
+	t.Parallel()
 	for _, backend := range bothBackends {
 		for _, s := range senders {
 			t.Run(backend+"/"+s.preset, func(t *testing.T) {
@@ -138,6 +139,7 @@ func TestForgedDeliveryCannotBlockTheGenuineOne(t *testing.T) {
 // or repeated signature header, a timestamp outside the tolerance (replay
 // protection, for the senders that sign one).
 func TestSignatureRefusals(t *testing.T) {
+	t.Parallel()
 	for _, s := range senders {
 		t.Run(s.preset, func(t *testing.T) {
 			e := verifiedEnv(t, miniBackend, s, s.secret)
@@ -198,6 +200,7 @@ func twice(h http.Header) http.Header {
 // TestSignatureSecretRotation: with two secrets (verify=OLD,NEW), a
 // delivery signed with either verifies; one signed with a third does not.
 func TestSignatureSecretRotation(t *testing.T) {
+	t.Parallel()
 	for _, s := range senders {
 		t.Run(s.preset, func(t *testing.T) {
 			newSecret := s.secret + "2"
@@ -295,6 +298,7 @@ func TestForgedDeliveryWithoutVerificationIsReleased(t *testing.T) {
 // Idempotency-Key (scoped by its credentials), a 401 stays recorded, as
 // the contract's table says.
 func TestHeaderKeyRoutesRecord401(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, miniBackend, nil)
 	e.setUpstream(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusUnauthorized) })
 	e.do(req{path: "/v1/orders", key: "k1", body: "{}"})
@@ -308,6 +312,7 @@ func TestHeaderKeyRoutesRecord401(t *testing.T) {
 // signature fails is forwarded as it is, unclaimed, and counted
 // would_reject.
 func TestSignatureInObserveMode(t *testing.T) {
+	t.Parallel()
 	s := senders[0]
 	routes, err := proxy.ParseRoutes("POST /hooks key=github scope= verify=SECRET observe")
 	if err != nil {
