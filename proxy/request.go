@@ -52,6 +52,9 @@ type result struct {
 	bodyDone    bool
 	bodyLen     int64
 	readTimeout time.Duration
+	// drainBy is when net/http stops reading what is left of a body the
+	// request was answered without reading (boundBody); zero otherwise.
+	drainBy time.Time
 }
 
 // boundBody puts REQUEST_READ_TIMEOUT on what is left of a body the
@@ -68,7 +71,10 @@ func (res *result) boundBody() {
 		return
 	}
 	res.bodyDone = true
-	_ = res.rc.SetReadDeadline(time.Now().Add(res.readTimeout))
+	res.drainBy = time.Now().Add(res.readTimeout)
+	_ = res.rc.SetReadDeadline(res.drainBy)
+	// The answer is written after that read: its deadline runs from there.
+	res.armFrom(time.Now())
 }
 
 // The key_source label and access-log field: a fixed set.
@@ -86,6 +92,13 @@ func (res *result) arm() { res.armFrom(time.Now()) }
 
 // armFrom is arm with the time already read.
 func (res *result) armFrom(now time.Time) {
+	if res.drainBy.After(now) {
+		// net/http reads what is left of a refused body, up to drainBy,
+		// before it writes the answer: with REQUEST_READ_TIMEOUT at or
+		// above UPSTREAM_TIMEOUT, a deadline from now would cut the answer
+		// off (the client got EOF instead of its 400).
+		now = res.drainBy
+	}
 	res.writeBy(now.Add(res.writeTimeout), deadlineSlack(res.writeTimeout))
 }
 
